@@ -1,0 +1,64 @@
+# The course's commands. Every target sets up .venv itself (created if missing, reinstalled
+# when requirements.txt or pyproject.toml changed), so a fresh clone needs only Python 3.11.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 8888
+DEPTH ?= developer
+PYTEST_ARGS ?=
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: help setup lab test course release bench check browser-deps clean
+
+help:
+	@echo "make lab        set up .venv and open JupyterLab at the start notebook"
+	@echo "make test       set up .venv and run the whole test suite"
+	@echo "make course     execute every notebook with papermill into build/ (QUICK=1 for CI sizes)"
+	@echo "make release    regenerate notebooks/ from solutions/ with nbgrader"
+	@echo "make check      grade your own copy: make check DEPTH=developer"
+	@echo "make bench      benchmarks (pool start-up, grading time)"
+
+$(STAMP): requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is needed, found " + sys.version.split()[0] + ": run make PYTHON=/path/to/python3.11")'
+	@if [ ! -x $(BIN)/python ] || ! $(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then \
+		rm -rf $(VENV); $(PYTHON) -m venv $(VENV); fi
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	for ext in formgrader assignment_list course_list validate_assignment; do \
+		$(BIN)/jupyter server extension enable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || exit 1; done
+	$(BIN)/jupyter labextension enable --level=sys_prefix @jupyter/nbgrader >/dev/null
+	$(BIN)/jupyter labextension enable --level=sys_prefix @jupyter-widgets/jupyterlab-manager >/dev/null
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=. \
+		--LabApp.default_url=/lab/tree/notebooks/start/00_start_here.ipynb
+
+browser-deps:
+	@command -v chromium >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+		else echo "The browser test needs Debian's chromium: sudo apt-get install chromium"; exit 1; fi; }
+
+test: $(STAMP) browser-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+course: $(STAMP)
+	$(BIN)/python -m helpers.course $(if $(QUICK),--quick,)
+
+release: $(STAMP)
+	$(BIN)/python -m helpers.release
+
+check: $(STAMP)
+	$(BIN)/python -m helpers.selfcheck $(DEPTH)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf build .pytest_cache

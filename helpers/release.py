@@ -1,0 +1,73 @@
+"""`make release`: regenerate the learner notebooks (notebooks/) from the instructor ones (solutions/).
+
+One source of truth: lessons are edited in solutions/<depth>/, never in notebooks/. This
+runs ``nbgrader generate_assignment`` for every depth (an nbgrader "assignment" per
+folder), which empties the answer cells, strips hidden tests and outputs, locks the test
+cells and copies the scripts beside the notebooks. The test suite checks that notebooks/
+is exactly what this produces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def venv_env() -> dict:
+    """The environment with this interpreter's bin/ first on PATH (nbgrader runs `alembic` from PATH)."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def depths(root: Path = ROOT) -> list[str]:
+    """The assignment folders under solutions/, in order."""
+    return sorted(p.name for p in (root / "solutions").iterdir()
+                  if p.is_dir() and not p.name.startswith((".", "_")))
+
+
+def generate(dest: Path, root: Path = ROOT) -> None:
+    """Write the learner version of every depth into ``dest/<depth>/``."""
+    dest = Path(dest).resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        for depth in depths(root):
+            cmd = [sys.executable, "-m", "nbgrader", "generate_assignment", depth, "--force",
+                   f"--CourseDirectory.root={root}",
+                   f"--CourseDirectory.release_directory={dest}",
+                   f"--CourseDirectory.db_url=sqlite:///{tmp}/gradebook.db",
+                   "--log-level=WARN"]
+            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=venv_env())
+            if proc.returncode != 0:
+                raise RuntimeError(f"nbgrader generate_assignment {depth} failed:\n"
+                                   f"{proc.stdout}\n{proc.stderr}")
+            for junk in (dest / depth).rglob("__pycache__"):
+                shutil.rmtree(junk)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dest", default=str(ROOT / "notebooks"), help="release folder")
+    args = ap.parse_args(argv)
+    dest = Path(args.dest)
+    staged = Path(tempfile.mkdtemp(prefix="release-"))
+    try:
+        generate(staged)
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(staged, dest)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    for nb in sorted(dest.rglob("*.ipynb")):
+        print(f"released {nb.relative_to(dest.parent) if dest.parent in nb.parents else nb}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Shared fixtures: where things are, and how to execute a notebook for real."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # `helpers` is installed editable; this makes `tests.*` importable too
+
+SOLUTIONS = sorted((ROOT / "solutions").rglob("*.ipynb"))
+RELEASED = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+
+
+def rel(p: Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_left_behind():
+    """Every test ends with no pool process alive in this test process."""
+    yield
+    from helpers.spawn import live_ranks
+
+    left = live_ranks()
+    assert left == [], f"rank processes left behind: {left}"
+
+
+@pytest.fixture
+def quick_env(monkeypatch):
+    monkeypatch.setenv("COURSE_QUICK", "1")
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    return dict(os.environ)

@@ -1,0 +1,92 @@
+"""Every notebook of the course, discovered automatically: a new lesson is covered with no edit here.
+
+- instructor versions (solutions/) execute clean under papermill, from their own folder, with QUICK=True;
+- learner versions (notebooks/) execute with errors only in graded cells (their answers are empty);
+- notebooks/ is exactly what nbgrader generates from solutions/, and holds no solution or hidden test;
+- every notebook is committed without outputs or execution counts, and has a `parameters` cell.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import nbformat
+import pytest
+
+from tests.conftest import RELEASED, ROOT, SOLUTIONS, rel
+from tests.nbrun import errors, is_graded, run_allowing_errors, run_papermill
+
+ALL = SOLUTIONS + RELEASED
+
+
+def test_course_has_notebooks():
+    """The discovery below found the start notebook in both trees."""
+    assert ROOT / "solutions/start/00_start_here.ipynb" in SOLUTIONS
+    assert ROOT / "notebooks/start/00_start_here.ipynb" in RELEASED
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", SOLUTIONS, ids=rel)
+def test_solution_notebook_executes_clean(path, tmp_path, quick_env):
+    """The instructor version runs top to bottom under papermill with CI parameters."""
+    nb, seconds = run_papermill(path, tmp_path / path.name)
+    assert not errors(nb)
+    print(f"{rel(path)}: {seconds:.1f} s")
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", RELEASED, ids=rel)
+def test_learner_notebook_errors_only_in_graded_cells(path, quick_env):
+    """A learner who has written nothing yet sees errors only in the graded cells."""
+    nb = run_allowing_errors(path)
+    bad = [(i, msg) for i, cell, msg in errors(nb) if not is_graded(cell)]
+    assert not bad, f"errors outside graded cells in {rel(path)}: {bad}"
+    graded_tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    if graded_tests:
+        assert errors(nb), "the empty answers should make the graded tests fail"
+
+
+def test_release_matches_solutions(tmp_path):
+    """notebooks/ is what `make release` (nbgrader generate_assignment) makes from solutions/."""
+    from helpers.release import generate
+
+    generate(tmp_path)
+    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    have = sorted(p.relative_to(ROOT / "notebooks") for p in (ROOT / "notebooks").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts)
+    assert made == have, "notebooks/ is stale: run `make release` and commit the result"
+    for relpath in made:
+        a, b = tmp_path / relpath, ROOT / "notebooks" / relpath
+        if relpath.suffix != ".ipynb":
+            assert a.read_bytes() == b.read_bytes(), f"{relpath} differs: run `make release`"
+            continue
+        got = [(c.cell_type, c.source) for c in nbformat.read(b, as_version=4).cells]
+        want = [(c.cell_type, c.source) for c in nbformat.read(a, as_version=4).cells]
+        assert got == want, f"notebooks/{relpath} differs from its source: run `make release`"
+
+
+@pytest.mark.parametrize("path", RELEASED, ids=rel)
+def test_learner_notebook_has_no_solution_or_hidden_test(path):
+    text = path.read_text()
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+        assert marker not in text, f"{rel(path)} gives away its answers ({marker})"
+
+
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_notebook_committed_clean(path):
+    """No outputs, no execution counts, and a `parameters` cell so CI can run it small."""
+    nb = json.loads(path.read_text())
+    dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+             and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, f"{rel(path)}: cells {dirty} have outputs; clear them before committing"
+    tags = [t for c in nb["cells"] for t in c.get("metadata", {}).get("tags", [])]
+    assert "parameters" in tags, f"{rel(path)} has no cell tagged `parameters`"
+
+
+def test_no_generated_files_tracked():
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    junk = [f for f in files if f.endswith((".pt", ".pth", ".distcp", ".db"))
+            or ".ipynb_checkpoints" in f or f.startswith(("submitted/", "autograded/", "feedback/"))]
+    assert not junk, f"generated files are tracked: {junk}"
