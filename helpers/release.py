@@ -33,11 +33,11 @@ def depths(root: Path = ROOT) -> list[str]:
                   if p.is_dir() and not p.name.startswith((".", "_")))
 
 
-def generate(dest: Path, root: Path = ROOT) -> None:
-    """Write the learner version of every depth into ``dest/<depth>/``."""
+def generate(dest: Path, root: Path = ROOT, only: list[str] | None = None) -> None:
+    """Write the learner version of every depth (or of ``only`` those) into ``dest/<depth>/``."""
     dest = Path(dest).resolve()
     with tempfile.TemporaryDirectory() as tmp:
-        for depth in depths(root):
+        for depth in only or depths(root):
             cmd = [sys.executable, "-m", "nbgrader", "generate_assignment", depth, "--force",
                    f"--CourseDirectory.root={root}",
                    f"--CourseDirectory.release_directory={dest}",
@@ -54,14 +54,19 @@ def generate(dest: Path, root: Path = ROOT) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dest", default=str(ROOT / "notebooks"), help="release folder")
+    ap.add_argument("depth", nargs="*", help="only these depths (default: all)")
     args = ap.parse_args(argv)
     dest = Path(args.dest)
     staged = Path(tempfile.mkdtemp(prefix="release-"))
     try:
-        generate(staged)
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(staged, dest)
+        generate(staged, only=args.depth or None)
+        for made in sorted(p for p in staged.iterdir() if p.is_dir()):
+            if (dest / made.name).exists():
+                shutil.rmtree(dest / made.name)
+            shutil.copytree(made, dest / made.name)
+        for old in (p for p in dest.iterdir() if p.is_dir()) if dest.exists() else []:
+            if not (ROOT / "solutions" / old.name).is_dir():
+                shutil.rmtree(old)  # a depth removed from solutions/
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     for nb in sorted(dest.rglob("*.ipynb")):
