@@ -1,0 +1,389 @@
+"""helpers.spawn.run on real gloo process groups: every promise of the pool, each able to fail.
+
+Tests about notebooks run in real kernels (jupyter_client / nbclient).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers.spawn import HangError, WorkerError, live_ranks, run
+from tests.conftest import ROOT
+
+
+# ----------------------------------------------------------------------------- basics
+
+
+def _rank_and_size():
+    return dist.get_rank(), dist.get_world_size()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+def test_returns_values_in_rank_order(world_size):
+    assert run(_rank_and_size, world_size=world_size, echo=False) == [
+        (r, world_size) for r in range(world_size)
+    ]
+
+
+def test_args_and_kwargs_reach_every_rank():
+    def f(a, b, *, scale):
+        return (a + b) * scale + dist.get_rank()
+
+    assert run(f, 1, 2, world_size=3, scale=10, echo=False) == [30, 31, 32]
+
+
+def test_collectives_work_across_ranks():
+    def f():
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        return t.item()
+
+    assert run(f, world_size=4, echo=False) == [10.0] * 4
+
+
+def test_closures_and_lambdas_are_shipped_by_value():
+    offset = 41
+
+    def closure():
+        return offset + dist.get_rank()
+
+    assert run(closure, world_size=2, echo=False) == [41, 42]
+    assert run(lambda: "lam", world_size=2, echo=False) == ["lam", "lam"]
+
+
+def test_environment_is_torchrun_s():
+    def env():
+        keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        return {k: os.environ[k] for k in keys}
+
+    out = run(env, world_size=3, echo=False)
+    assert [o["RANK"] for o in out] == ["0", "1", "2"]
+    assert [o["LOCAL_RANK"] for o in out] == ["0", "1", "2"]
+    assert {o["WORLD_SIZE"] for o in out} == {"3"}
+    assert {o["MASTER_ADDR"] for o in out} == {"127.0.0.1"}
+    assert len({o["MASTER_PORT"] for o in out}) == 1
+
+
+def test_a_script_that_initialises_the_group_itself_runs_as_under_torchrun():
+    def script():
+        import torch.distributed as d
+
+        d.init_process_group(backend="gloo")  # env://, exactly as a torchrun script does
+        t = torch.ones(1)
+        d.all_reduce(t)
+        d.destroy_process_group()
+        return t.item()
+
+    assert run(script, world_size=3, init_process_group=False, echo=False) == [3.0] * 3
+
+
+def test_one_intra_op_thread_per_rank_by_default():
+    assert run(torch.get_num_threads, world_size=2, echo=False) == [1, 1]
+    assert run(torch.get_num_threads, world_size=2, threads=2, echo=False) == [2, 2]
+
+
+def test_rendezvous_never_collides_between_concurrent_pools(tmp_path):
+    """Several processes each run pools back to back, all at the same time."""
+    script = tmp_path / "pools.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        from helpers.spawn import run
+        def f():
+            t = torch.ones(1); dist.all_reduce(t); return t.item()
+        for _ in range(5):
+            assert run(f, world_size=2, echo=False) == [2.0, 2.0]
+        print("ok")
+    """))
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+
+
+# ----------------------------------------------------------------------------- output
+
+
+class _Recorder:
+    """A stand-in for sys.stdout that records lines and can react to one."""
+
+    def __init__(self, on_line=None):
+        self.lines, self.on_line, self._buf = [], on_line, ""
+
+    def write(self, text):
+        self._buf += text
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            self.lines.append(line)
+            if self.on_line:
+                self.on_line(line)
+
+    def flush(self):
+        pass
+
+
+def test_output_is_streamed_while_ranks_run_and_tagged_by_rank(tmp_path, monkeypatch):
+    """Rank 1 blocks until the caller has *seen* its first line: only streaming lets it finish."""
+    flag = tmp_path / "seen"
+
+    def react(line):
+        if line == "[rank 1] waiting for the notebook to see me":
+            flag.touch()
+
+    rec = _Recorder(react)
+    monkeypatch.setattr(sys, "stdout", rec)
+
+    def f(path):
+        import pathlib
+        import select
+
+        if dist.get_rank() == 1:
+            print("waiting for the notebook to see me", flush=True)
+            while not pathlib.Path(path).exists():
+                select.select([], [], [], 0.01)
+        print(f"done on {dist.get_rank()}")
+        return dist.get_rank()
+
+    assert run(f, str(flag), world_size=2, timeout=60) == [0, 1]
+    assert "[rank 0] done on 0" in rec.lines and "[rank 1] done on 1" in rec.lines
+    assert rec.lines.index("[rank 1] waiting for the notebook to see me") < rec.lines.index(
+        "[rank 1] done on 1")
+
+
+def test_stderr_is_tagged_and_gloo_chatter_is_hidden(capsys):
+    def f():
+        print("to stderr", file=sys.stderr)
+
+    run(f, world_size=2)
+    err = capsys.readouterr().err
+    assert "[rank 0] to stderr" in err and "[rank 1] to stderr" in err
+    assert "[Gloo]" not in err
+
+
+def test_echo_false_prints_nothing(capsys):
+    run(lambda: print("quiet"), world_size=2, echo=False)
+    assert "quiet" not in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- hangs
+
+
+def _barrier_on_rank0_only():
+    if dist.get_rank() == 0:
+        dist.barrier()
+    return "returned"
+
+
+def test_hang_reports_where_each_rank_is_blocked():
+    with pytest.raises(HangError) as info:
+        run(_barrier_on_rank0_only, world_size=3, timeout=3, echo=False)
+    err = info.value
+    assert isinstance(err, TimeoutError)
+    r0, r1, r2 = err.ranks
+    assert not r0.finished and r1.finished and r2.finished
+    assert r0.function == "_barrier_on_rank0_only"
+    assert r0.line == "dist.barrier()"
+    assert r0.filename == __file__ and isinstance(r0.lineno, int)
+    assert r0.waiting_in == "barrier"
+    text = str(err)
+    assert "rank 0: blocked at `dist.barrier()` inside _barrier_on_rank0_only()" in text
+    assert "rank 1: finished" in text and "rank 2: finished" in text
+    assert live_ranks() == []
+
+
+def test_finished_ranks_stay_alive_so_a_hang_is_a_hang_not_a_peer_crash():
+    """Rank 1 returns at once; rank 0's barrier must wait (HangError), not fail with
+    'Connection closed by peer' (WorkerError) as it would if rank 1 had exited."""
+    with pytest.raises(HangError):
+        run(_barrier_on_rank0_only, world_size=2, timeout=3, echo=False)
+
+
+def test_the_pool_adds_no_collective_around_fn():
+    """Rank 0 calls barrier twice, rank 1 once. A pool that ran its own barrier after fn
+    would pair with rank 0's second call and let this finish; it must hang."""
+
+    def f():
+        dist.barrier()
+        if dist.get_rank() == 0:
+            dist.barrier()
+
+    with pytest.raises(HangError) as info:
+        run(f, world_size=2, timeout=3, echo=False)
+    assert [r.rank for r in info.value.blocked] == [0]
+
+
+def test_a_hang_in_plain_python_is_located_too():
+    def spin():
+        if dist.get_rank() == 1:
+            while True:
+                pass
+
+    with pytest.raises(HangError) as info:
+        run(spin, world_size=2, timeout=2, echo=False)
+    blocked = info.value.blocked
+    assert [r.rank for r in blocked] == [1]
+    assert blocked[0].function == "spin" and blocked[0].line in ("while True:", "pass")
+
+
+def test_next_run_works_after_a_hang():
+    with pytest.raises(HangError):
+        run(_barrier_on_rank0_only, world_size=2, timeout=2, echo=False)
+    assert run(_rank_and_size, world_size=2, echo=False) == [(0, 2), (1, 2)]
+
+
+# ----------------------------------------------------------------------------- crashes
+
+
+def test_an_exception_on_one_rank_is_reported_at_once_with_its_traceback():
+    """The other ranks sit in a barrier; with a 10-minute timeout only an immediate
+    WorkerError (not HangError) can end this test in time."""
+
+    def f():
+        if dist.get_rank() == 2:
+            raise ValueError("bad batch on purpose")
+        dist.barrier()
+
+    with pytest.raises(WorkerError) as info:
+        run(f, world_size=3, timeout=600, echo=False)
+    err = info.value
+    assert err.rank == 2 and err.exc_type == "ValueError"
+    assert err.exc_message == "bad batch on purpose"
+    assert "raise ValueError" in err.remote_traceback and __file__ in err.remote_traceback
+    assert "rank 2 raised ValueError: bad batch on purpose" in str(err)
+    assert live_ranks() == []
+
+
+def test_a_rank_killed_by_a_signal_is_named_not_its_peers_connection_errors():
+    def f():
+        if dist.get_rank() == 1:
+            os.abort()
+        dist.barrier()
+
+    with pytest.raises(WorkerError) as info:
+        run(f, world_size=3, timeout=600, echo=False)
+    assert info.value.rank == 1
+    assert "SIGABRT" in str(info.value)
+
+
+def test_a_rank_that_exits_without_returning_is_reported():
+    def f():
+        if dist.get_rank() == 0:
+            os._exit(3)
+        dist.barrier()
+
+    with pytest.raises(WorkerError) as info:
+        run(f, world_size=2, timeout=600, echo=False)
+    assert info.value.rank == 0 and "exited with code 3" in str(info.value)
+
+
+def test_sys_exit_in_a_rank_is_an_error_not_a_silent_success():
+    def f():
+        sys.exit(2)
+
+    with pytest.raises(WorkerError) as info:
+        run(f, world_size=2, echo=False)
+    assert info.value.exc_type == "SystemExit"
+
+
+# ----------------------------------------------------------------------------- debug mode
+
+
+def test_detail_debug_catches_a_collective_mismatch_at_once():
+    def mismatch():
+        if dist.get_rank() == 0:
+            dist.barrier()
+        else:
+            dist.all_reduce(torch.ones(1))
+
+    with pytest.raises(WorkerError) as info:
+        run(mismatch, world_size=2, timeout=600, detail_debug=True, echo=False)
+    assert "Detected mismatch between collectives" in str(info.value)
+
+
+def test_without_detail_debug_the_same_mismatch_is_a_hang():
+    def mismatch():
+        if dist.get_rank() == 0:
+            dist.barrier()
+        else:
+            dist.all_reduce(torch.ones(1))
+
+    with pytest.raises(HangError):
+        run(mismatch, world_size=2, timeout=3, echo=False)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("bad", [3, "train", None])
+def test_a_non_callable_is_refused_with_advice(bad):
+    with pytest.raises(TypeError, match="needs a function"):
+        run(bad)
+
+
+@pytest.mark.parametrize("ws", [0, -1])
+def test_world_size_below_one_is_refused(ws):
+    with pytest.raises(ValueError, match="world_size must be between 1"):
+        run(_rank_and_size, world_size=ws)
+
+
+def test_world_size_must_be_an_int():
+    with pytest.raises(TypeError, match="whole number"):
+        run(_rank_and_size, world_size=2.0)
+
+
+def test_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="timeout"):
+        run(_rank_and_size, timeout=0)
+
+
+def test_an_unsendable_return_value_names_the_rank_and_type():
+    def f():
+        import threading as th
+
+        return th.Lock() if dist.get_rank() == 1 else 1
+
+    with pytest.raises(WorkerError) as info:
+        run(f, world_size=2, echo=False)
+    assert info.value.rank == 1
+    assert "rank 1 returned a lock" in str(info.value).lower() or "rank 1 returned a _thread.lock" in str(info.value)
+
+
+def test_an_unsendable_function_is_refused_before_any_rank_starts():
+    lock = threading.Lock()
+
+    def f():
+        return lock
+
+    with pytest.raises(TypeError, match="cannot be sent to the ranks"):
+        run(f, world_size=2)
+
+
+# ----------------------------------------------------------------------------- interrupts
+
+
+def test_keyboard_interrupt_reaches_the_caller_and_kills_the_pool():
+    def slow():
+        import select
+
+        select.select([], [], [], 120)
+
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), __import__("signal").SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(slow, world_size=2, timeout=300, echo=False)
+    finally:
+        timer.cancel()
+    assert live_ranks() == []
+    assert run(_rank_and_size, world_size=2, echo=False) == [(0, 2), (1, 2)]
