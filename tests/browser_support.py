@@ -1,0 +1,571 @@
+"""Plumbing for tests/test_browser.py: a private JupyterLab server and a driven Chromium page.
+
+Nothing here is a lesson. ``LabServer`` serves a temporary copy of the course from the course's
+own .venv (temporary config, data, runtime, workspace, IPython and matplotlib dirs; the nbgrader
+and ipywidgets lab extensions stay visible because they live at the venv's sys-prefix level) and
+stops it, its kernels and their rank processes, pass or fail. ``NotebookDriver`` opens one
+notebook in a Chromium page, waits for its kernel, runs every cell and reads back what the
+learner sees (outputs, images, widgets) from the DOM and from Lab's own models.
+
+Facts this relies on are in the course's shared notes "JupyterLab in headless Chromium".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"  # Debian's package (`make test` installs it when missing)
+# Without the networking flags Chromium floods a closed network with connection attempts.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+                 "--disable-dev-shm-usage"]
+COURSE_ID = "one-rank"
+# What a temporary copy of the course leaves out: the environment, git, generated state.
+_NOT_COPIED = shutil.ignore_patterns(".venv", ".git", "build", "__pycache__", ".pytest_cache",
+                                     ".ipynb_checkpoints", "*.egg-info", "gradebook.db",
+                                     "submitted", "autograded", "feedback")
+# Lab settings for the test: no news/update toast over the page, every cell attached to the DOM.
+LAB_OVERRIDES = {
+    "@jupyterlab/apputils-extension:notification": {"checkForUpdates": False, "fetchNews": "false"},
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none", "scrollPastEnd": False},
+}
+
+
+def chromium_path() -> str:
+    """The browser to drive: $COURSE_CHROMIUM if set, else Debian's /usr/bin/chromium."""
+    path = os.environ.get("COURSE_CHROMIUM") or CHROMIUM
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(
+            f"{path} not found: the browser test drives Debian's chromium "
+            "(`sudo apt-get install chromium`; `make test` does it when run as root), "
+            "or set COURSE_CHROMIUM to another Chromium/Chrome binary")
+    return path
+
+
+def learner_notebooks(root: Path = ROOT) -> list[Path]:
+    """Every learner notebook, discovered: notebooks/**/*.ipynb (paths relative to the course)."""
+    return sorted(p.relative_to(root) for p in (root / "notebooks").rglob("*.ipynb")
+                  if ".ipynb_checkpoints" not in p.parts)
+
+
+def copy_course(dest: Path, root: Path = ROOT) -> Path:
+    shutil.copytree(root, dest, ignore=_NOT_COPIED)
+    return dest
+
+
+def venv_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.update(extra)
+    return env
+
+
+def release_assignments(course: Path, exchange: Path, assignments: list[str]) -> None:
+    """``nbgrader release_assignment`` each assignment of the course copy into ``exchange``."""
+    exchange.mkdir(parents=True, exist_ok=True)
+    with_db = f"--CourseDirectory.db_url=sqlite:///{course}/gradebook.db"
+    for name in assignments:
+        cmd = [sys.executable, "-m", "nbgrader", "release_assignment", name, "--force",
+               f"--Exchange.root={exchange}", f"--CourseDirectory.root={course}",
+               f"--CourseDirectory.course_id={COURSE_ID}", with_db, "--log-level=WARN"]
+        proc = subprocess.run(cmd, cwd=course, capture_output=True, text=True, env=venv_env(),
+                              timeout=180)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nbgrader release_assignment {name} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+class LabServer:
+    """``jupyter lab`` from this interpreter's environment, serving ``course`` on 127.0.0.1.
+
+    Use as a context manager: the server, its kernels and everything they started are gone when
+    the block exits, whatever happened inside it.
+    """
+
+    def __init__(self, course: Path, state: Path, exchange: Path | None = None,
+                 startup_timeout: float = 120):
+        self.course, self.state, self.exchange = Path(course), Path(state), exchange
+        self.startup_timeout = startup_timeout
+        self.port = _free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.state / "lab.log"
+        self.started: list = []  # every process seen below the server, for the final sweep
+
+    # ------------------------------------------------------------------ lifecycle
+    def _env(self) -> dict:
+        dirs = {name: self.state / name for name in
+                ("config", "data", "runtime", "ipython", "mpl", "workspaces", "lab-settings")}
+        for d in dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        (dirs["lab-settings"] / "overrides.json").write_text(json.dumps(LAB_OVERRIDES, indent=1))
+        if self.exchange is not None:
+            # nbgrader's server extensions read nbgrader_config.py files, not the server's
+            # command line: give them the exchange through the (temporary) config dir too.
+            (dirs["config"] / "nbgrader_config.py").write_text(
+                "c = get_config()  # noqa\n"
+                f"c.Exchange.root = {str(self.exchange)!r}\n"
+                f"c.CourseDirectory.course_id = {COURSE_ID!r}\n")
+        self._settings_dir = dirs["lab-settings"]
+        return venv_env(
+            JUPYTER_CONFIG_DIR=str(dirs["config"]), JUPYTER_DATA_DIR=str(dirs["data"]),
+            JUPYTER_RUNTIME_DIR=str(dirs["runtime"]), IPYTHONDIR=str(dirs["ipython"]),
+            MPLCONFIGDIR=str(dirs["mpl"]), JUPYTERLAB_WORKSPACES_DIR=str(dirs["workspaces"]),
+            COURSE_QUICK="1", PYTHONDONTWRITEBYTECODE="1",
+            PYTHONWARNINGS="ignore::DeprecationWarning")
+
+    def start(self) -> "LabServer":
+        env = self._env()
+        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={self.port}",
+               "--port-retries=0", "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={self.token}",
+               "--allow-root", f"--ServerApp.root_dir={self.course}",
+               "--LabApp.expose_app_in_browser=True", f"--LabApp.app_settings_dir={self._settings_dir}",
+               "--LabApp.news_url=None", "--ServerApp.terminals_enabled=False"]
+        if self.exchange is not None:
+            cmd += [f"--Exchange.root={self.exchange}", f"--CourseDirectory.course_id={COURSE_ID}"]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=self.course, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                self.api("GET", "/api/status", timeout=5)
+                return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"JupyterLab did not answer in {self.startup_timeout} s:\n"
+                                   f"{self.log_tail()}")
+            time.sleep(0.25)  # polling the status endpoint, not synchronising on time
+
+    def remember_children(self) -> None:
+        """Note every process below the server (kernels start in their own sessions)."""
+        if self.proc is not None:
+            seen = {p.pid for p in self.started}
+            self.started += [p for p in _descendants(self.proc.pid) if p.pid not in seen]
+
+    def leftovers(self) -> list[int]:
+        """PIDs of processes this server started that are still alive."""
+        import psutil
+
+        alive = []
+        for p in self.started:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def stop(self) -> list[str]:
+        """Stop the server and every process it started; return what had to be killed."""
+        import psutil
+
+        if self.proc is None:
+            return []
+        self.remember_children()
+        if self.proc.poll() is None:
+            try:  # let Lab shut its kernels down itself
+                for s in self.api("GET", "/api/sessions", timeout=10):
+                    self.api("DELETE", f"/api/sessions/{s['id']}", timeout=30)
+            except Exception:
+                pass
+            self.remember_children()
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        killed = []
+        for p in [*self.started, psutil.Process(os.getpid())]:
+            if p.pid == os.getpid():
+                continue
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    killed.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+                    p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+        self.proc = None
+        return killed
+
+    def __enter__(self) -> "LabServer":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ REST
+    def api(self, method: str, path: str, body: dict | None = None, timeout: float = 30):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Authorization": f"token {self.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    def close_sessions(self) -> None:
+        """Shut down every kernel session (kernels outlive the pages that opened them)."""
+        self.remember_children()
+        for s in self.api("GET", "/api/sessions"):
+            self.api("DELETE", f"/api/sessions/{s['id']}", timeout=60)
+
+    def lab_url(self, path: str = "") -> str:
+        where = f"/lab/tree/{path}" if path else "/lab"
+        return f"{self.url}{where}?reset&token={self.token}"
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+# ---------------------------------------------------------------------- the notebook page
+
+# Installed into the page once Lab is up. It reads Lab's own models (outputs, execution counts,
+# kernel status), so the waits below are on real conditions, never on time.
+_JS = r"""
+() => {
+  if (window.__bt) return true;
+  const CONTROLS = ['.widget-slider', '.widget-dropdown', '.widget-toggle-buttons',
+    '.widget-toggle-button', '.widget-checkbox', '.widget-radio', '.widget-select',
+    '.widget-button', '.widget-text', '.widget-play', '.widget-colorpicker', '.widget-datepicker'];
+  const bt = {panel: null, kernelSeen: null, infoOk: null, busy: 0, runDone: false, runs: 0};
+  const hash = (s) => { let h = 5381; for (let i = 0; i < s.length; i++) h = ((h * 33) ^ s.charCodeAt(i)) >>> 0; return h.toString(16) + ':' + s.length; };
+  bt.find = (path) => {
+    for (const w of jupyterapp.shell.widgets('main')) {
+      if (w.context && w.context.path === path && w.content && w.content.widgets) { bt.panel = w; return true; }
+    }
+    return false;
+  };
+  bt.kernel = () => { const s = bt.panel && bt.panel.sessionContext.session; return s ? s.kernel : null; };
+  bt.track = () => {
+    const k = bt.kernel();
+    if (!k || bt.kernelSeen === k) return k;
+    bt.kernelSeen = k;
+    k.statusChanged.connect((_, s) => { if (s === 'busy') bt.busy++; });
+    k.info.then(() => { bt.infoOk = k; });
+    return k;
+  };
+  bt.ready = () => {
+    if (!bt.panel || !bt.panel.context.isReady) return false;
+    const k = bt.track();
+    return !!k && bt.infoOk === k && k.connectionStatus === 'connected' && k.status === 'idle'
+      && bt.panel.content.widgets.length > 0;
+  };
+  bt.status = () => { const k = bt.kernel(); return k ? k.status : 'none'; };
+  bt.prompts = () => bt.panel.content.widgets.map(c => c.model.type !== 'code' ? null
+      : ((c.node.querySelector('.jp-InputPrompt') || {}).textContent || '').trim());
+  bt.started = () => bt.prompts().some(p => p && /\*|\d/.test(p));
+  bt.running = () => bt.prompts().some(p => p && p.includes('*'));
+  bt.runAll = () => {
+    bt.runDone = false; bt.runError = null; bt.runs++;
+    jupyterapp.shell.activateById(bt.panel.id);
+    jupyterapp.commands.execute('notebook:run-all-cells').then(
+      r => { bt.runDone = true; bt.runResult = r; },
+      e => { bt.runDone = true; bt.runError = String(e); });
+  };
+  bt.finished = () => bt.runDone && bt.status() === 'idle' && !bt.running();
+  bt.controlSelector = CONTROLS.join(', ');
+  // What a widget drives, as the learner sees it: each cell's output minus the controls.
+  bt.signature = () => bt.panel.content.widgets.map(c => {
+    const area = c.node.querySelector('.jp-Cell-outputArea');
+    if (!area) return '';
+    const copy = area.cloneNode(true);
+    copy.querySelectorAll(bt.controlSelector).forEach(e => e.remove());
+    const imgs = [...copy.querySelectorAll('img')].map(i => i.getAttribute('src') || '');
+    return hash(copy.textContent + '\u0000' + imgs.join('\u0000'));
+  });
+  bt.cells = () => bt.panel.content.widgets.map((c, index) => {
+    const cell = {index, type: c.model.type, prompt: null, errors: [], png: 0, widgetViews: 0,
+                  imgs: 0, text: '', widgetProblems: [], controls: [], renderedWidgets: 0};
+    if (c.model.type !== 'code') return cell;
+    cell.prompt = ((c.node.querySelector('.jp-InputPrompt') || {}).textContent || '').trim();
+    for (const o of c.model.outputs.toJSON()) {
+      if (o.output_type === 'error') cell.errors.push(o.ename + ': ' + o.evalue);
+      const d = o.data || {};
+      if (d['image/png']) cell.png++;
+      if (d['application/vnd.jupyter.widget-view+json']) cell.widgetViews++;
+    }
+    const area = c.node.querySelector('.jp-Cell-outputArea');
+    if (!area) return cell;
+    cell.imgs = area.querySelectorAll('img[src^="data:image/png"]').length;
+    cell.text = area.innerText;
+    for (const m of ['Error displaying widget', 'Loading widget...', 'model not found'])
+      if (cell.text.includes(m)) cell.widgetProblems.push(m);
+    cell.renderedWidgets = area.querySelectorAll('.jupyter-widgets').length;
+    // Outermost controls only (a ToggleButtons group holds toggle buttons).
+    const found = [...area.querySelectorAll(bt.controlSelector)]
+      .filter(e => !e.parentElement.closest(bt.controlSelector));
+    found.forEach((e, j) => {
+      const id = `c${index}_${j}`;
+      e.setAttribute('data-bt-id', id);
+      const kind = CONTROLS.find(s => e.matches(s)).slice(8);
+      const label = ((e.querySelector('.widget-label') || {}).textContent || e.textContent || '').trim().slice(0, 40);
+      const r = e.getBoundingClientRect();
+      cell.controls.push({id, kind, label: label.trim(), disabled: !!e.querySelector('[disabled]') || e.hasAttribute('disabled'),
+                          visible: r.width > 0 && r.height > 0});
+    });
+    return cell;
+  });
+  bt.scroller = () => bt.panel.content.node.querySelector('.jp-WindowedPanel-outer') || bt.panel.content.node;
+  // Scrolled to the top, how much taller the notebook is than its panel (0: all of it shows).
+  bt.overflow = () => { const s = bt.scroller(); s.scrollTop = 0; return s.scrollHeight - s.clientHeight; };
+  bt.frames = () => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  window.__bt = bt;
+  return true;
+}
+"""
+
+
+@dataclass
+class ControlResult:
+    cell: int
+    kind: str
+    label: str
+    action: str = ""
+    changed_cells: list[int] = field(default_factory=list)
+    problem: str = ""
+    seconds: float = 0.0
+
+
+class NotebookDriver:
+    """One learner notebook open in a page of Lab; every wait is on a condition in the page."""
+
+    def __init__(self, page, lab: LabServer, relpath: str, timeouts: dict):
+        self.page, self.lab, self.relpath = page, lab, relpath
+        self.t = timeouts  # seconds: open, kernel, start, run, widget
+        self.run_attempts = 0
+
+    def _wait(self, expr: str, seconds: float, what: str, arg=None, polling: int = 250):
+        from playwright.sync_api import TimeoutError as PWTimeout
+
+        try:
+            self.page.wait_for_function(expr, arg=arg, timeout=seconds * 1000, polling=polling)
+        except PWTimeout:
+            state = self.page.evaluate("() => window.__bt && window.__bt.panel ? "
+                                       "{status: __bt.status(), prompts: __bt.prompts(), "
+                                       "runDone: __bt.runDone, runs: __bt.runs} : null")
+            raise TimeoutError(f"{self.relpath}: {what} did not happen in {seconds:.0f} s "
+                               f"(page state: {state})") from None
+
+    def open(self) -> None:
+        self.page.goto(self.lab.lab_url(self.relpath), timeout=self.t["open"] * 1000)
+        self._wait("() => !!(window.jupyterapp && window.jupyterapp.shell)", self.t["open"],
+                   "JupyterLab loading")
+        self.page.evaluate(_JS)
+        self._wait("p => window.__bt.find(p)", self.t["open"], "the notebook opening", self.relpath)
+        self._wait("() => window.__bt.ready()", self.t["kernel"], "the kernel becoming ready")
+
+    def run_all(self) -> float:
+        """Run All, retried if Lab accepted it but started nothing; returns the run's seconds."""
+        t0 = time.monotonic()
+        for attempt in range(3):
+            self.run_attempts = attempt + 1
+            self.page.evaluate("() => window.__bt.runAll()")
+            try:
+                self._wait("() => window.__bt.started() || window.__bt.runDone", self.t["start"],
+                           "Run All starting")
+            except TimeoutError:
+                continue
+            if self.page.evaluate("() => window.__bt.started()"):
+                break
+            self._wait("() => window.__bt.ready()", self.t["kernel"], "the kernel being idle")
+        else:
+            raise AssertionError(f"{self.relpath}: Run All started no cell in 3 attempts")
+        self._wait("() => window.__bt.finished()", self.t["run"], "the run finishing", polling=500)
+        return time.monotonic() - t0
+
+    def cells(self) -> list[dict]:
+        return self.page.evaluate("() => window.__bt.cells()")
+
+    def signature(self) -> list[str]:
+        return self.page.evaluate("() => window.__bt.signature()")
+
+    def screenshot(self, path: Path, width: int = 1280, max_height: int = 16000) -> None:
+        """The whole notebook in one picture: a viewport as tall as the notebook."""
+        height = self.page.viewport_size["height"]
+        for _ in range(5):  # Lab lays the page out again after each resize: measure, grow, repeat
+            self.page.evaluate("() => window.__bt.frames()")
+            extra = self.page.evaluate("() => window.__bt.overflow()")
+            if extra <= 0 or height >= max_height:
+                break
+            height = min(max_height, height + extra + 40)
+            self.page.set_viewport_size({"width": width, "height": height})
+        self.page.evaluate("() => window.__bt.frames()")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(path), timeout=120_000)
+
+    # ------------------------------------------------------------------ widgets
+    def _busy_count(self) -> int:
+        return self.page.evaluate("() => window.__bt.busy")
+
+    def move(self, control: dict) -> ControlResult:
+        """Move one control the way a learner would; wait for the kernel to answer; see what changed."""
+        res = ControlResult(cell=int(control["id"][1:].split("_")[0]), kind=control["kind"],
+                            label=control["label"])
+        loc = self.page.locator(f'[data-bt-id="{control["id"]}"]')
+        before = self.signature()
+        busy = self._busy_count()
+        t0 = time.monotonic()
+        kind = control["kind"]
+        loc.scroll_into_view_if_needed(timeout=10_000)
+        if kind == "slider":
+            handle = loc.locator(".noUi-handle").first
+            value = handle.get_attribute("aria-valuenow")
+            handle.focus()
+            handle.press("ArrowRight")
+            res.action = f"ArrowRight from {value}"
+            if handle.get_attribute("aria-valuenow") == value:  # already at the maximum
+                handle.press("ArrowLeft")
+                res.action = f"ArrowLeft from {value}"
+            if handle.get_attribute("aria-valuenow") == value:
+                res.problem = "the slider did not move"
+                return res
+        elif kind in ("dropdown", "select"):
+            sel = loc.locator("select")
+            current = sel.input_value()
+            options = sel.locator("option").evaluate_all("os => os.map(o => o.value)")
+            other = next((o for o in options if o != current), None)
+            if other is None:
+                res.problem = "a single option: nothing to choose"
+                return res
+            sel.select_option(value=other)
+            res.action = f"select option {other!r}"
+        elif kind == "toggle-buttons":
+            choices = loc.locator("button:not(.mod-active)")
+            if choices.count() == 0:
+                res.problem = "no other choice to click"
+                return res
+            res.action = f"click {choices.first.inner_text()!r}"
+            choices.first.click()
+        elif kind in ("toggle-button", "button"):
+            res.action = "click"
+            loc.click()
+        elif kind == "checkbox":
+            res.action = "click the checkbox"
+            loc.locator("input").click()
+        elif kind == "radio":
+            choices = loc.locator("input:not(:checked)")
+            if choices.count() == 0:
+                res.problem = "no other choice to click"
+                return res
+            res.action = "click another radio button"
+            choices.first.click()
+        else:
+            res.action = "(not moved: no learner gesture defined for this control)"
+            return res
+        # The kernel handles the change (busy, then idle); then the output it drives redraws.
+        self._wait(f"() => window.__bt.busy > {busy} && window.__bt.status() === 'idle'",
+                   self.t["widget"], f"the kernel answering {kind} {res.label!r}")
+        try:
+            self._wait("before => { const now = window.__bt.signature();"
+                       " return now.some((s, i) => s !== before[i]); }", self.t["redraw"],
+                       f"an output redrawing after {kind} {res.label!r}", arg=before)
+        except TimeoutError:
+            res.problem = "no output changed"
+        after = self.signature()
+        res.changed_cells = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+        res.seconds = time.monotonic() - t0
+        return res
+
+
+# ---------------------------------------------------------------------- what the .ipynb says
+
+def graded_cells(path: Path, tests_only: bool = False) -> set[int]:
+    """Indexes of the cells nbgrader grades: answers (solution) and tests (grade)."""
+    nb = nbformat.read(path, as_version=4)
+    keys = ("grade",) if tests_only else ("grade", "solution")
+    return {i for i, c in enumerate(nb.cells)
+            if any(c.metadata.get("nbgrader", {}).get(k) for k in keys)}
+
+
+_DRAWS = re.compile(r"^(?!\s)(?!def |class |#).*(\bplt\.(subplots|figure|show|plot|bar|hist|imshow)\(|"
+                    r"\bplot_\w+\(|\.(plot|bar|barh|hist|imshow|scatter|step|errorbar)\()", re.M)
+_POOL = re.compile(r"\brun\(")
+
+
+def cells_that_draw(path: Path) -> set[int]:
+    """Non-graded code cells whose top-level code draws a figure (so an image must appear)."""
+    nb = nbformat.read(path, as_version=4)
+    graded = graded_cells(path)
+    return {i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in graded
+            and _DRAWS.search(c.source) and "plt.close(" not in c.source}
+
+
+def runs_pools(path: Path) -> bool:
+    nb = nbformat.read(path, as_version=4)
+    graded = graded_cells(path)
+    return any(c.cell_type == "code" and i not in graded and _POOL.search(c.source)
+               for i, c in enumerate(nb.cells))
+
+
+def mark_graded_cells_may_raise(path: Path) -> None:
+    """Tag the graded cells of a (copied) learner notebook ``raises-exception``.
+
+    A learner's empty answers raise; Lab's Run All would then abort every later cell. The tag
+    makes Lab run on past them (as nbclient's allow_errors does in tests/nbrun.py), so the test
+    sees every other cell run. Only the temporary copy is changed.
+    """
+    nb = nbformat.read(path, as_version=4)
+    for i in graded_cells(path):
+        tags = nb.cells[i].metadata.setdefault("tags", [])
+        if "raises-exception" not in tags:
+            tags.append("raises-exception")
+    nbformat.write(nb, path)
+
+
+NOISE = re.compile(r"^\[(Gloo|W\d+|I\d+|E\d+) |UserWarning|FutureWarning|DeprecationWarning|"
+                   r"Connection closed by peer|Traceback \(most recent call last\)", re.M)

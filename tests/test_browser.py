@@ -1,0 +1,247 @@
+"""The course as a learner sees it: JupyterLab in headless Chromium, every learner notebook run for real.
+
+For each notebook discovered under notebooks/ (a new lesson is covered with no edit here):
+open it in Lab, wait for its kernel, Run All, wait for the run to finish, then check that
+- every cell ran, and no cell outside the graded ones shows an error (the learner's answers are
+  empty, so graded cells may fail; the copy tags them ``raises-exception`` so Run All goes on);
+- the lesson's plots are on the page as ``data:image/png`` images;
+- each ipywidgets control renders and, moved the way a learner moves it (slider handle + arrow key,
+  dropdown choice, toggle click), changes the output it drives;
+- a pool's per-rank output (``[rank 0] ...``) is in the page.
+A screenshot of each notebook after its run goes to build/screenshots/<depth>__<name>.png, with a
+.json of what was measured beside it. nbgrader's lab extensions are checked too: a learner's
+Assignment List shows the assignments released to a temporary exchange (and fetches one), and the
+instructor's Formgrader lists the course's assignments.
+
+The server serves a temporary copy of the course with its own config, data, runtime, workspace,
+IPython and matplotlib dirs and COURSE_QUICK=1 in its environment; it and everything it started
+are stopped at the end, pass or fail. Needs /usr/bin/chromium (`make test` installs Debian's
+package) and the Playwright Python package; never a browser downloaded by Playwright.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.browser_support import (CHROMIUM_ARGS, ROOT, LabServer, NotebookDriver, NOISE,
+                                   cells_that_draw, chromium_path, copy_course, graded_cells,
+                                   learner_notebooks, mark_graded_cells_may_raise,
+                                   release_assignments, runs_pools)
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOKS = learner_notebooks()
+SHOTS = ROOT / "build" / "screenshots"
+DEPTHS = sorted({p.parts[1] for p in NOTEBOOKS})  # notebooks/<depth>/... = nbgrader assignments
+# Seconds. Generous (2 cores, other work running), but every wait is bounded.
+TIMEOUTS = dict(open=120, kernel=180, start=30, run=900, widget=300, redraw=60)
+PER_NOTEBOOK = 1500  # pytest-timeout for one notebook (the run, every widget, the screenshot)
+LONG_OUTPUT = 40     # lines in one cell's output that make a wall
+
+
+def shot_name(relpath: Path) -> str:
+    return "__".join(relpath.parts[1:]).removesuffix(".ipynb")
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """A temporary copy of the course, its assignments released to a temporary exchange."""
+    tmp = tmp_path_factory.mktemp("browser")
+    copy = copy_course(tmp / "course")
+    release_assignments(copy, tmp / "exchange", DEPTHS)
+    for rel in NOTEBOOKS:
+        mark_graded_cells_may_raise(copy / rel)
+    return {"root": copy, "exchange": tmp / "exchange", "state": tmp / "state"}
+
+
+@pytest.fixture(scope="module")
+def lab(course):
+    server = LabServer(course["root"], course["state"], exchange=course["exchange"])
+    try:
+        server.start()
+        yield server
+    finally:
+        killed = server.stop()
+        alive = server.leftovers()
+        assert not alive, f"processes left behind by JupyterLab: {alive}"
+        if killed:
+            warnings.warn(f"had to kill what JupyterLab left running: {killed}")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        chromium = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS,
+                                      headless=True, timeout=120_000)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+    finally:
+        pw.stop()
+
+
+@pytest.fixture
+def page(browser, lab):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(60_000)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+        lab.close_sessions()  # kernels outlive their pages
+
+
+def open_lab(page, lab, wait_for_command: str) -> None:
+    page.goto(lab.lab_url(), timeout=TIMEOUTS["open"] * 1000)
+    page.wait_for_function(f"() => window.jupyterapp && jupyterapp.commands.hasCommand({wait_for_command!r})",
+                           timeout=TIMEOUTS["open"] * 1000)
+
+
+# ---------------------------------------------------------------------- nbgrader
+
+
+def test_course_has_learner_notebooks():
+    assert Path("notebooks/start/00_start_here.ipynb") in NOTEBOOKS
+
+
+@pytest.mark.timeout(600)
+def test_assignment_list_shows_released_assignments(page, lab, course):
+    """A learner's Nbgrader > Assignment List shows every released depth and fetches one."""
+    open_lab(page, lab, "nbgrader:open-assignment-list")
+    page.evaluate("() => jupyterapp.commands.execute('nbgrader:open-assignment-list')")
+    released = page.locator("#released_assignments_list")
+    for depth in DEPTHS:
+        released.locator(".list_item", has_text=depth).first.wait_for(timeout=120_000)
+    text = released.inner_text()
+    assert "one-rank" in text, text
+    item = released.locator(".list_item", has_text="start").first
+    item.get_by_role("button", name="Fetch").click()
+    fetched = page.locator("#fetched_assignments_list")
+    fetched.locator(".list_item", has_text="start").first.wait_for(timeout=120_000)
+    assert (course["root"] / "start" / "00_start_here.ipynb").is_file(), \
+        "Fetch did not put the assignment into the learner's folder"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "nbgrader__assignment_list.png"))
+
+
+@pytest.mark.timeout(600)
+def test_formgrader_lists_the_course_assignments(page, lab):
+    """The instructor's Nbgrader > Formgrader tab loads and lists every assignment of solutions/."""
+    open_lab(page, lab, "nbgrader:open-formgrader")
+    page.evaluate("() => jupyterapp.commands.execute('nbgrader:open-formgrader')")
+    page.wait_for_selector('iframe[src$="/formgrader"]', timeout=120_000)
+    frame = page.frame_locator('iframe[src$="/formgrader"]')
+    table = frame.locator("table")
+    sources = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
+    for name in sources:
+        table.locator("tr", has_text=name).first.wait_for(timeout=120_000)
+    for depth in DEPTHS:
+        row = table.locator("tr", has_text=depth).first
+        assert "released" in row.inner_text(), f"formgrader does not show {depth} as released"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "nbgrader__formgrader.png"))
+
+
+# ---------------------------------------------------------------------- every learner notebook
+
+
+@pytest.mark.timeout(PER_NOTEBOOK)
+@pytest.mark.parametrize("relpath", NOTEBOOKS, ids=str)
+def test_notebook_in_jupyterlab(relpath, page, lab, course):
+    source = course["root"] / relpath
+    graded = graded_cells(source)
+    driver = NotebookDriver(page, lab, str(relpath), TIMEOUTS)
+    report = {"notebook": str(relpath), "graded_cells": sorted(graded)}
+    shot = SHOTS / f"{shot_name(relpath)}.png"
+    problems: list[str] = []
+    t0 = time.monotonic()
+    driver.open()
+    report["open_seconds"] = round(time.monotonic() - t0, 1)
+    try:
+        report["run_seconds"] = round(driver.run_all(), 1)
+        report["run_attempts"] = driver.run_attempts
+    finally:
+        cells = driver.cells()
+        driver.screenshot(shot)
+        report["cells"] = [{k: c[k] for k in ("index", "prompt", "errors", "imgs", "controls")}
+                           for c in cells if c["type"] == "code"]
+    code = [c for c in cells if c["type"] == "code"]
+
+    # Every cell ran; errors only where the learner's answers go.
+    not_run = [c["index"] for c in code if not re.search(r"\d", c["prompt"] or "")]
+    if not_run:
+        problems.append(f"cells that did not run: {not_run}")
+    for c in code:
+        if c["errors"] and c["index"] not in graded:
+            problems.append(f"cell {c['index']} (not graded) shows an error: {c['errors']}")
+    if graded_cells(source, tests_only=True) and not any(c["errors"] for c in code if c["index"] in graded):
+        problems.append("the empty answers should make a graded test fail on the page")
+
+    # Plots: every image output is on the page, and every cell that draws shows one.
+    for c in code:
+        if c["imgs"] < c["png"]:
+            problems.append(f"cell {c['index']}: {c['png']} image outputs but {c['imgs']} images shown")
+    for i in sorted(cells_that_draw(source)):
+        if cells[i]["imgs"] == 0:
+            problems.append(f"cell {i} draws a figure but no data:image/png image is shown")
+
+    # Per-rank output of a pool.
+    page_text = "\n".join(c["text"] for c in code)
+    if runs_pools(source):
+        for rank in (0, 1):
+            if f"[rank {rank}] " not in page_text:
+                problems.append(f"no per-rank output line '[rank {rank}] ...' on the page")
+
+    # Widgets render, and each control drives an output.
+    for c in code:
+        if c["widgetViews"] and not c["renderedWidgets"]:
+            problems.append(f"cell {c['index']}: widget output not rendered")
+        if c["widgetProblems"]:
+            problems.append(f"cell {c['index']}: {c['widgetProblems']}")
+    moves = []
+    for c in code:
+        for control in c["controls"]:
+            if not control["visible"]:
+                problems.append(f"cell {c['index']}: control {control['label']!r} is not visible")
+                continue
+            if control["disabled"]:
+                continue
+            result = driver.move(control)
+            moves.append(result.__dict__)
+            if result.problem:
+                problems.append(f"cell {c['index']}: {result.kind} {result.label!r} ({result.action}): "
+                                f"{result.problem}")
+            elif result.changed_cells and c["index"] not in result.changed_cells:
+                warnings.warn(f"{relpath} cell {c['index']}: {result.kind} {result.label!r} redraws "
+                              f"cell(s) {result.changed_cells}, not its own: keep widgets next to "
+                              "what they drive")
+    report["widget_moves"] = moves
+
+    # What a learner should not have to read: log noise and walls of output (reported, not failed).
+    noisy = {c["index"]: NOISE.findall(c["text"]) for c in code if c["index"] not in graded}
+    noisy = {i: len(found) for i, found in noisy.items() if found}
+    walls = {c["index"]: c["text"].count("\n") + 1 for c in code
+             if c["index"] not in graded and c["text"].count("\n") + 1 > LONG_OUTPUT}
+    report.update(noise_lines=noisy, long_outputs=walls,
+                  reads_course_quick="COURSE_QUICK" in source.read_text())
+    if noisy or walls:
+        warnings.warn(f"{relpath}: log-like lines in cells {noisy}; long outputs (lines) {walls}")
+    report["total_seconds"] = round(time.monotonic() - t0, 1)
+    report["problems"] = problems
+    shot.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"{relpath}: run {report.get('run_seconds')} s, total {report['total_seconds']} s, "
+          f"{len(moves)} widget moves")
+    assert not problems, f"{relpath} in JupyterLab (screenshot {shot}):\n  " + "\n  ".join(problems)
