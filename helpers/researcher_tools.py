@@ -39,6 +39,9 @@ def digest(tensors: Iterable, length: int = 16) -> str:
     return h.hexdigest()[:length]
 
 
+_TORCH_DIST = os.sep + os.path.join("torch", "distributed") + os.sep
+
+
 def _library_dirs() -> list[str]:
     dirs = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
     return sorted(os.path.abspath(d) + os.sep for d in dirs if d)
@@ -51,6 +54,21 @@ def _is_library(filename: str) -> bool:
     if os.sep + "helpers" + os.sep + "spawn.py" in path:
         return True
     return any(path.startswith(d) for d in _library_dirs())
+
+
+def _code_only(line: str) -> str:
+    """The source line without its trailing comment."""
+    import io
+    import tokenize
+
+    line = line.strip()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
+            if tok.type == tokenize.COMMENT:
+                return line[: tok.start[1]].rstrip()
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return line
 
 
 def blame_user_code(err):
@@ -73,11 +91,13 @@ def blame_user_code(err):
         for i, (file, line, func) in enumerate(frames):
             if _is_library(file):
                 continue
-            called = None  # the outermost library frame above the user's line
-            for lib_file, _, lib_func in frames[:i]:
+            # the torch.distributed call it waits in (innermost), else the library call it made
+            called = next((f for p, _, f in frames[:i] if _TORCH_DIST in p and "wrap" not in f),
+                          None)
+            for lib_file, _, lib_func in frames[:i] if called is None else ():
                 if _is_library(lib_file) and not lib_file.startswith("<"):
                     called = lib_func
-            text = linecache.getline(file, line).strip() or None
+            text = _code_only(linecache.getline(file, line)) or None
             states.append(dataclasses.replace(state, function=func, filename=file, lineno=line,
                                               line=text, waiting_in=called or state.waiting_in))
             break
