@@ -330,11 +330,13 @@ _JS = r"""
   });
   bt.cells = () => bt.panel.content.widgets.map((c, index) => {
     const cell = {index, type: c.model.type, prompt: null, errors: [], png: 0, widgetViews: 0,
-                  imgs: 0, text: '', widgetProblems: [], controls: [], renderedWidgets: 0};
+                  imgs: 0, text: '', widgetProblems: [], controls: [], renderedWidgets: 0, uncaught: 0,
+                  streamText: ''};
     if (c.model.type !== 'code') return cell;
     cell.prompt = ((c.node.querySelector('.jp-InputPrompt') || {}).textContent || '').trim();
     for (const o of c.model.outputs.toJSON()) {
       if (o.output_type === 'error') cell.errors.push(o.ename + ': ' + o.evalue);
+      if (o.output_type === 'stream') cell.streamText += [].concat(o.text).join('');
       const d = o.data || {};
       if (d['image/png']) cell.png++;
       if (d['application/vnd.jupyter.widget-view+json']) cell.widgetViews++;
@@ -343,6 +345,8 @@ _JS = r"""
     if (!area) return cell;
     cell.imgs = area.querySelectorAll('img[src^="data:image/png"]').length;
     cell.text = area.innerText;
+    // IPython's header of an uncaught exception: also catches those shown inside widget outputs.
+    cell.uncaught = (cell.text.match(/^-{40,}\s*\n\S+\s+Traceback \(most recent call last\)/gm) || []).length;
     for (const m of ['Error displaying widget', 'Loading widget...', 'model not found'])
       if (cell.text.includes(m)) cell.widgetProblems.push(m);
     cell.renderedWidgets = area.querySelectorAll('.jupyter-widgets').length;
@@ -567,5 +571,124 @@ def mark_graded_cells_may_raise(path: Path) -> None:
     nbformat.write(nb, path)
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+RANK_LINE = re.compile(r"^\[rank (\d+)\] (.*)$", re.M)
 NOISE = re.compile(r"^\[(Gloo|W\d+|I\d+|E\d+) |UserWarning|FutureWarning|DeprecationWarning|"
                    r"Connection closed by peer|Traceback \(most recent call last\)", re.M)
+
+
+def check_notebook(driver: NotebookDriver, source: Path, shot: Path, long_output: int = 40) -> dict:
+    """Open, Run All, screenshot, then check what the learner sees. Returns the report (also
+    written beside the screenshot as .json): ``problems`` fail the test, ``notes`` are for a human.
+    """
+    graded = graded_cells(source)
+    report = {"notebook": driver.relpath, "graded_cells": sorted(graded), "problems": [],
+              "notes": [], "widget_moves": []}
+    problems, notes = report["problems"], report["notes"]
+    t0 = time.monotonic()
+    driver.open()
+    report["open_seconds"] = round(time.monotonic() - t0, 1)
+    try:
+        report["run_seconds"] = round(driver.run_all(), 1)
+        report["run_attempts"] = driver.run_attempts
+    finally:  # a screenshot of whatever the page shows, even after a timeout
+        cells = driver.cells()
+        driver.screenshot(shot)
+        report["cells"] = [{k: c[k] for k in ("index", "prompt", "errors", "imgs", "controls")}
+                           for c in cells if c["type"] == "code"]
+        _write(report, shot)
+    code = [c for c in cells if c["type"] == "code"]
+
+    # Every cell ran; errors only where the learner's answers go.
+    not_run = [c["index"] for c in code if not re.search(r"\d", c["prompt"] or "")]
+    if not_run:
+        problems.append(f"cells that did not run: {not_run}")
+    problems += _errors_outside(code, graded)
+    if graded_cells(source, tests_only=True) and not any(c["errors"] for c in code
+                                                         if c["index"] in graded):
+        problems.append("the empty answers should make a graded test fail on the page")
+
+    # Plots: every image output is on the page, and every cell that draws shows one.
+    for c in code:
+        if c["imgs"] < c["png"]:
+            problems.append(f"cell {c['index']}: {c['png']} image outputs but {c['imgs']} images shown")
+    for i in sorted(cells_that_draw(source)):
+        if cells[i]["imgs"] == 0:
+            problems.append(f"cell {i} draws a figure but no data:image/png image is shown")
+
+    # Per-rank output of a pool: every line the ranks streamed is shown in the cell that ran
+    # them; the start notebook, which teaches the pool, shows lines from two ranks.
+    ranks_seen = set()
+    for c in code:
+        lines = RANK_LINE.findall(ANSI.sub("", c["streamText"]))
+        ranks_seen.update(int(r) for r, _ in lines)
+        shown = {" ".join(line.split()) for line in c["text"].splitlines()}
+        missing = [f"[rank {r}] {t}" for r, t in lines
+                   if "\r" not in t and " ".join(f"[rank {r}] {t}".split()) not in shown]
+        if missing:
+            problems.append(f"cell {c['index']}: per-rank output not shown on the page: {missing[:3]}")
+    if source.parent.name == "start" and not {0, 1} <= ranks_seen:
+        problems.append(f"per-rank output ('[rank 0] ...', '[rank 1] ...') missing; ranks seen: {ranks_seen}")
+    elif runs_pools(source) and not ranks_seen:
+        notes.append("runs pools but no rank prints a line ('[rank r] ...') anywhere")
+    report["ranks_seen_printing"] = sorted(ranks_seen)
+
+    # Widgets render, and each control, moved, changes the output it drives.
+    for c in code:
+        if c["widgetViews"] and not c["renderedWidgets"]:
+            problems.append(f"cell {c['index']}: its widget output is not rendered")
+        if c["widgetProblems"]:
+            problems.append(f"cell {c['index']}: {c['widgetProblems']}")
+    for c in code:
+        for control in c["controls"]:
+            if not control["visible"]:
+                problems.append(f"cell {c['index']}: control {control['label']!r} is not visible")
+                continue
+            if control["disabled"]:
+                notes.append(f"cell {c['index']}: control {control['label']!r} is disabled; not moved")
+                continue
+            moved = driver.move(control)
+            report["widget_moves"].append(moved.__dict__)
+            what = f"cell {c['index']}: {moved.kind} {moved.label!r} ({moved.action})"
+            if moved.problem:
+                problems.append(f"{what}: {moved.problem}")
+            elif c["index"] not in moved.changed_cells:
+                notes.append(f"{what} redraws cell(s) {moved.changed_cells}, not its own: keep "
+                             "widgets next to what they drive")
+
+    if report["widget_moves"]:  # a callback's exception shows inside the widget's output
+        problems += [f"after moving the widgets: {p}" for p in
+                     _errors_outside([c for c in driver.cells() if c["type"] == "code"], graded)
+                     if "widget output" in p]
+
+    # What a learner should not have to read: log noise and walls of output (noted, not failed).
+    noisy = {c["index"]: len(NOISE.findall(c["text"])) for c in code if c["index"] not in graded}
+    noisy = {i: n for i, n in noisy.items() if n}
+    walls = {c["index"]: c["text"].count("\n") + 1 for c in code
+             if c["index"] not in graded and c["text"].count("\n") + 1 > long_output}
+    if noisy:
+        notes.append(f"log-like lines (warnings, tracebacks, gloo/c10d logs) in cells {noisy}")
+    if walls:
+        notes.append(f"long outputs (lines per cell): {walls}")
+    report["reads_course_quick"] = "COURSE_QUICK" in source.read_text()
+    report["total_seconds"] = round(time.monotonic() - t0, 1)
+    _write(report, shot)
+    return report
+
+
+def _errors_outside(code: list[dict], graded: set[int]) -> list[str]:
+    found = []
+    for c in code:
+        if c["index"] in graded:
+            continue
+        if c["errors"]:
+            found.append(f"cell {c['index']} (not graded) shows an error: {c['errors']}")
+        if c["uncaught"] > len(c["errors"]):
+            found.append(f"cell {c['index']} (not graded) shows an exception in a widget output: "
+                         f"{c['text'][-400:]!r}")
+    return found
+
+
+def _write(report: dict, shot: Path) -> None:
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    shot.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))

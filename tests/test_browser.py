@@ -21,18 +21,14 @@ package) and the Playwright Python package; never a browser downloaded by Playwr
 
 from __future__ import annotations
 
-import json
-import re
-import time
 import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.browser_support import (CHROMIUM_ARGS, ROOT, LabServer, NotebookDriver, NOISE,
-                                   cells_that_draw, chromium_path, copy_course, graded_cells,
-                                   learner_notebooks, mark_graded_cells_may_raise,
-                                   release_assignments, runs_pools)
+from tests.browser_support import (CHROMIUM_ARGS, ROOT, LabServer, NotebookDriver, check_notebook,
+                                   chromium_path, copy_course, learner_notebooks,
+                                   mark_graded_cells_may_raise, release_assignments)
 
 pytestmark = pytest.mark.browser
 
@@ -161,87 +157,13 @@ def test_formgrader_lists_the_course_assignments(page, lab):
 @pytest.mark.timeout(PER_NOTEBOOK)
 @pytest.mark.parametrize("relpath", NOTEBOOKS, ids=str)
 def test_notebook_in_jupyterlab(relpath, page, lab, course):
-    source = course["root"] / relpath
-    graded = graded_cells(source)
+    """Run All in Lab: every cell runs, errors only in graded cells, plots shown, widgets drive outputs."""
     driver = NotebookDriver(page, lab, str(relpath), TIMEOUTS)
-    report = {"notebook": str(relpath), "graded_cells": sorted(graded)}
     shot = SHOTS / f"{shot_name(relpath)}.png"
-    problems: list[str] = []
-    t0 = time.monotonic()
-    driver.open()
-    report["open_seconds"] = round(time.monotonic() - t0, 1)
-    try:
-        report["run_seconds"] = round(driver.run_all(), 1)
-        report["run_attempts"] = driver.run_attempts
-    finally:
-        cells = driver.cells()
-        driver.screenshot(shot)
-        report["cells"] = [{k: c[k] for k in ("index", "prompt", "errors", "imgs", "controls")}
-                           for c in cells if c["type"] == "code"]
-    code = [c for c in cells if c["type"] == "code"]
-
-    # Every cell ran; errors only where the learner's answers go.
-    not_run = [c["index"] for c in code if not re.search(r"\d", c["prompt"] or "")]
-    if not_run:
-        problems.append(f"cells that did not run: {not_run}")
-    for c in code:
-        if c["errors"] and c["index"] not in graded:
-            problems.append(f"cell {c['index']} (not graded) shows an error: {c['errors']}")
-    if graded_cells(source, tests_only=True) and not any(c["errors"] for c in code if c["index"] in graded):
-        problems.append("the empty answers should make a graded test fail on the page")
-
-    # Plots: every image output is on the page, and every cell that draws shows one.
-    for c in code:
-        if c["imgs"] < c["png"]:
-            problems.append(f"cell {c['index']}: {c['png']} image outputs but {c['imgs']} images shown")
-    for i in sorted(cells_that_draw(source)):
-        if cells[i]["imgs"] == 0:
-            problems.append(f"cell {i} draws a figure but no data:image/png image is shown")
-
-    # Per-rank output of a pool.
-    page_text = "\n".join(c["text"] for c in code)
-    if runs_pools(source):
-        for rank in (0, 1):
-            if f"[rank {rank}] " not in page_text:
-                problems.append(f"no per-rank output line '[rank {rank}] ...' on the page")
-
-    # Widgets render, and each control drives an output.
-    for c in code:
-        if c["widgetViews"] and not c["renderedWidgets"]:
-            problems.append(f"cell {c['index']}: widget output not rendered")
-        if c["widgetProblems"]:
-            problems.append(f"cell {c['index']}: {c['widgetProblems']}")
-    moves = []
-    for c in code:
-        for control in c["controls"]:
-            if not control["visible"]:
-                problems.append(f"cell {c['index']}: control {control['label']!r} is not visible")
-                continue
-            if control["disabled"]:
-                continue
-            result = driver.move(control)
-            moves.append(result.__dict__)
-            if result.problem:
-                problems.append(f"cell {c['index']}: {result.kind} {result.label!r} ({result.action}): "
-                                f"{result.problem}")
-            elif result.changed_cells and c["index"] not in result.changed_cells:
-                warnings.warn(f"{relpath} cell {c['index']}: {result.kind} {result.label!r} redraws "
-                              f"cell(s) {result.changed_cells}, not its own: keep widgets next to "
-                              "what they drive")
-    report["widget_moves"] = moves
-
-    # What a learner should not have to read: log noise and walls of output (reported, not failed).
-    noisy = {c["index"]: NOISE.findall(c["text"]) for c in code if c["index"] not in graded}
-    noisy = {i: len(found) for i, found in noisy.items() if found}
-    walls = {c["index"]: c["text"].count("\n") + 1 for c in code
-             if c["index"] not in graded and c["text"].count("\n") + 1 > LONG_OUTPUT}
-    report.update(noise_lines=noisy, long_outputs=walls,
-                  reads_course_quick="COURSE_QUICK" in source.read_text())
-    if noisy or walls:
-        warnings.warn(f"{relpath}: log-like lines in cells {noisy}; long outputs (lines) {walls}")
-    report["total_seconds"] = round(time.monotonic() - t0, 1)
-    report["problems"] = problems
-    shot.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
+    report = check_notebook(driver, course["root"] / relpath, shot, long_output=LONG_OUTPUT)
+    for note in report["notes"]:
+        warnings.warn(f"{relpath}: {note}")
     print(f"{relpath}: run {report.get('run_seconds')} s, total {report['total_seconds']} s, "
-          f"{len(moves)} widget moves")
-    assert not problems, f"{relpath} in JupyterLab (screenshot {shot}):\n  " + "\n  ".join(problems)
+          f"{len(report['widget_moves'])} widget moves")
+    assert not report["problems"], (f"{relpath} in JupyterLab (screenshot {shot}):\n  "
+                                    + "\n  ".join(report["problems"]))
