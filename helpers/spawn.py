@@ -217,6 +217,8 @@ def _rank_main(rank: int, world_size: int, payload: bytes, env: dict, cwd: str,
                 "gloo", timeout=datetime.timedelta(seconds=options["group_timeout"])
             )
         value = fn(*args, **kwargs)
+        sys.stdout.flush()
+        sys.stderr.flush()
         try:
             blob = cloudpickle.dumps(value)
         except Exception as e:  # noqa: BLE001 - reported to the caller
@@ -226,6 +228,7 @@ def _rank_main(rank: int, world_size: int, payload: bytes, env: dict, cwd: str,
             results.send(("ok", blob, time.monotonic() - t0))
     except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
         sys.stdout.flush()
+        sys.stderr.flush()
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
         results.send(("error", type(e).__qualname__, str(e), tb,
                       time.monotonic() - t0))
@@ -674,24 +677,9 @@ class _Pool:
             os.close(self.release_w)  # finished ranks exit cleanly on their own
         except (OSError, AttributeError):
             pass
-        try:
-            import psutil
-        except ImportError:  # pragma: no cover - psutil is a course requirement
-            psutil = None
-        everyone = []
-        for p in self.procs:
-            if p.pid is None:
-                continue
-            if psutil is not None:
-                try:
-                    everyone += psutil.Process(p.pid).children(recursive=True)
-                except psutil.Error:
-                    pass
-        all_done = len(self.results) == self.world_size
-        if all_done:  # give clean exits a moment (destroy_process_group), then kill
-            for p in self.procs:
-                if p.pid is not None:
-                    p.join(10)
+        everyone = _descendants_of_ranks([p.pid for p in self.procs if p.pid is not None])
+        # Every rank has sent its result (or the pool failed): nothing a rank still holds is
+        # needed, so the ranks are killed rather than asked to tear gloo down politely.
         for p in self.procs:
             if p.pid is not None and p.exitcode is None:
                 try:
@@ -700,8 +688,8 @@ class _Pool:
                     pass
         for child in everyone:
             try:
-                child.kill()
-            except Exception:  # noqa: BLE001 - already gone
+                os.kill(child, signal.SIGKILL)
+            except OSError:  # already gone
                 pass
         for p in self.procs:
             if p.pid is None:
@@ -750,6 +738,25 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
         return pool.wait()
     finally:
         pool.stop()
+
+
+def _descendants_of_ranks(pids: list[int]) -> list[int]:
+    """Processes the ranks started themselves (data loader workers, subprocesses): one /proc scan."""
+    import psutil
+
+    wanted, parent_of = set(pids), {}
+    for proc in psutil.process_iter(["ppid"]):
+        parent_of[proc.pid] = proc.info["ppid"]
+    found = []
+    for pid, ppid in parent_of.items():
+        seen = set()
+        while ppid and ppid not in seen:
+            if ppid in wanted:
+                found.append(pid)
+                break
+            seen.add(ppid)
+            ppid = parent_of.get(ppid)
+    return found
 
 
 def live_ranks() -> list[int]:
