@@ -10,14 +10,30 @@ c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "notebooks"
 # gradebook.db is made in the course root when grading; .gitignore keeps it out of git.
 
-# Grading is bounded at every layer. A graded pool times out after COURSE_GRADER_TIMEOUT
-# seconds (helpers/grading.py, 20 s); a cell gets 120 s (its pools plus a margin); a kernel
-# that does not start in 60 s is an error.
-c.ExecutePreprocessor.timeout = 120
-c.ExecutePreprocessor.startup_timeout = 60
-c.ExecutePreprocessor.interrupt_on_timeout = True
-c.Execute.timeout = 120
+# Grading is bounded at every layer (see the README's instructor section):
+# - a pool run by a test: helpers.grading.GRADER_TIMEOUT (10 s; COURSE_GRADER_TIMEOUT), and an
+#   answer that hung once is not run again in that notebook, so it costs one timeout, not one per test;
+# - a cell: 60 s (then the kernel is interrupted and the cell fails; the notebook goes on);
+# - a kernel start: 60 s.
+c.Execute.timeout = 60
+c.Execute.startup_timeout = 60
 c.Execute.interrupt_on_timeout = True
+
+# Autograde runs the course's execute step instead of nbgrader's: it skips lesson notebooks
+# that carry no graded cells, survives a kernel that dies (no later test is counted as
+# passed), kills every process the kernel started, and runs the kernel in a temp folder.
+c.Autograde.autograde_preprocessors = [
+    "helpers.autograde.CourseExecute",
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+# Output a submission may print into a cell before it is cut (huge prints stay harmless).
+c.LimitOutput.max_lines = 500
+c.LimitOutput.max_traceback = 60
 
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.enforce_metadata = True

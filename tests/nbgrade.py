@@ -4,39 +4,20 @@
 generates the learner version with ``nbgrader generate_assignment``, writes one submission per
 student (the learner version with its answer cells filled in), runs ``nbgrader autograde`` once
 for all of them, and returns each student's score per graded cell, read from the gradebook.
+The course machinery itself lives in :mod:`helpers.coursework` (``make check`` uses it too).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-from tests.conftest import ROOT
+from helpers.coursework import Graded, nbgrader, read_scores, venv_env  # noqa: F401 - re-exported
+from helpers.coursework import make_course as _make_course
 
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
-
-
-def venv_env(**extra) -> dict:
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.update(extra)
-    return env
-
-
-def nbgrader(*args, cwd: Path, timeout: float = 900, check: bool = True, env=None):
-    cmd = [sys.executable, "-m", "nbgrader", *args, "--log-level=WARN"]
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=env or venv_env())
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def reference_answers(source: Path) -> dict[str, str]:
@@ -51,29 +32,18 @@ def reference_answers(source: Path) -> dict[str, str]:
     return answers
 
 
-@dataclass
-class Graded:
-    scores: dict[str, dict[str, float]]  # student -> grade_id -> score
-    max_scores: dict[str, float]  # grade_id -> points
-    seconds: float
-    course: Path
-
-    def total(self, student: str) -> float:
-        return sum(self.scores[student].values())
-
-    def lost(self, student: str) -> set[str]:
-        """grade_ids where this student scored below the maximum."""
-        return {g for g, s in self.scores[student].items() if s < self.max_scores[g]}
-
-
 def make_course(tmp: Path, depth: str) -> Path:
-    course = tmp / "course"
-    (course / "solutions").mkdir(parents=True)
-    shutil.copytree(ROOT / "solutions" / depth, course / "solutions" / depth,
-                    ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
-    shutil.copy(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
-    nbgrader("generate_assignment", depth, "--force", cwd=course)
-    return course
+    return _make_course(tmp, [depth])
+
+
+def fill(released: Path, answers: dict[str, str]) -> nbformat.NotebookNode:
+    """The released notebook with these answer cells written in (others keep their stub)."""
+    nb = nbformat.read(released, as_version=4)
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and meta.get("grade_id") in answers:
+            cell.source = answers[meta["grade_id"]]
+    return nb
 
 
 def autograde(source: Path, submissions: dict[str, dict[str, str] | None], tmp: Path,
@@ -89,30 +59,10 @@ def autograde(source: Path, submissions: dict[str, dict[str, str] | None], tmp: 
     released = course / "notebooks" / depth / source.name
     reference = reference_answers(source)
     for student, answers in submissions.items():
-        nb = nbformat.read(released, as_version=4)
-        fill = reference if answers is None else answers
-        for cell in nb.cells:
-            gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-            if cell.metadata.get("nbgrader", {}).get("solution") and gid in fill:
-                cell.source = fill[gid]
         dest = course / "submitted" / student / depth
         dest.mkdir(parents=True)
-        nbformat.write(nb, dest / source.name)
+        nbformat.write(fill(released, reference if answers is None else answers), dest / source.name)
     t0 = time.monotonic()
     nbgrader("autograde", depth, "--force", cwd=course, timeout=timeout)
     seconds = time.monotonic() - t0
     return read_scores(course, depth, source.stem, list(submissions), seconds)
-
-
-def read_scores(course: Path, depth: str, notebook: str, students: list[str],
-                seconds: float = 0.0) -> Graded:
-    from nbgrader.api import Gradebook
-
-    scores, max_scores = {}, {}
-    with Gradebook(f"sqlite:///{course}/gradebook.db") as gb:
-        for student in students:
-            sub = gb.find_submission_notebook(notebook, depth, student)
-            scores[student] = {g.name: float(g.score) for g in sub.grades}
-            for g in sub.grades:
-                max_scores[g.name] = float(g.max_score)
-    return Graded(scores, max_scores, seconds, course)

@@ -1,0 +1,102 @@
+"""`make check DEPTH=developer`: grade your own work, no instructor needed.
+
+Runs the real grader (``nbgrader autograde``, with the course's hidden tests when the
+instructor notebooks are present) on your copies of one depth's notebooks in a temporary
+course, prints your score per exercise, and writes nbgrader's feedback pages, which show
+every test and what went wrong, to ``build/feedback/<depth>/``. Your notebooks are only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+from helpers.coursework import ROOT, exercise_of, make_course, nbgrader, read_scores
+
+STUDENT = "me"
+
+
+def answer_ids(path: Path) -> list[str]:
+    nb = nbformat.read(path, as_version=4)
+    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+            if c.metadata.get("nbgrader", {}).get("solution")]
+
+
+def graded_notebooks(folder: Path) -> list[Path]:
+    out = []
+    for path in sorted(folder.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        if any(c.metadata.get("nbgrader", {}).get("grade") for c in nb.cells):
+            out.append(path)
+    return out
+
+
+def check(depth: str, notebooks: Path | None = None, feedback_dir: Path | None = None,
+          out=sys.stdout) -> dict[str, tuple[float, float]]:
+    """Grade ``notebooks`` (default: notebooks/<depth>/); return {exercise: (score, max)}."""
+    notebooks = Path(notebooks or ROOT / "notebooks" / depth)
+    feedback_dir = Path(feedback_dir or ROOT / "build" / "feedback" / depth)
+    if not (ROOT / "solutions" / depth).is_dir():
+        raise SystemExit(f"unknown depth {depth!r}: choose one of "
+                         f"{sorted(p.name for p in (ROOT / 'solutions').iterdir() if p.is_dir())}")
+    mine = graded_notebooks(notebooks)
+    if not mine:
+        raise SystemExit(f"no notebook with graded exercises in {notebooks}")
+    with tempfile.TemporaryDirectory(prefix="selfcheck-") as tmp:
+        course = make_course(Path(tmp), [depth])
+        dest = course / "submitted" / STUDENT / depth
+        dest.mkdir(parents=True)
+        for path in mine:
+            shutil.copy(path, dest / path.name)
+        print(f"grading {len(mine)} notebook(s) of {depth} with the real grader ...", file=out,
+              flush=True)
+        t0 = time.monotonic()
+        nbgrader("autograde", depth, "--force", cwd=course)
+        nbgrader("generate_feedback", depth, "--force", cwd=course)
+        seconds = time.monotonic() - t0
+        graded = read_scores(course, depth, [p.stem for p in mine], [STUDENT], seconds)
+        if feedback_dir.exists():
+            shutil.rmtree(feedback_dir)
+        shutil.copytree(course / "feedback" / STUDENT / depth, feedback_dir)
+
+    table: dict[str, list[float]] = {}
+    for path in mine:
+        ids = answer_ids(path)
+        for test_id, score in graded.scores[STUDENT].items():
+            if graded.notebook_of[test_id] != path.stem:
+                continue
+            row = table.setdefault(f"{path.name}: {exercise_of(test_id, ids)}", [0.0, 0.0])
+            row[0] += score
+            row[1] += graded.max_scores[test_id]
+    width = max(len(k) for k in table)
+    print(f"\n{'exercise':<{width}}  score", file=out)
+    for name, (score, most) in table.items():
+        mark = "ok" if score == most else "  "
+        print(f"{name:<{width}}  {score:g} / {most:g}  {mark}", file=out)
+    total = sum(s for s, _ in table.values()), sum(m for _, m in table.values())
+    print(f"{'total':<{width}}  {total[0]:g} / {total[1]:g}   (graded in {seconds:.0f} s)", file=out)
+    print(f"\nfeedback, with every test and what went wrong: {feedback_dir}/", file=out)
+    for html in sorted(feedback_dir.glob("*.html")):
+        print(f"  {html}", file=out)
+    return {k: (v[0], v[1]) for k, v in table.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("depth", help="beginner, developer or researcher")
+    ap.add_argument("--notebooks", type=Path, help="folder with your notebooks "
+                    "(default: notebooks/<depth>/)")
+    ap.add_argument("--feedback", type=Path, help="where to write the feedback pages")
+    args = ap.parse_args(argv)
+    check(args.depth, args.notebooks, args.feedback)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
