@@ -162,6 +162,8 @@ def plot_timeline(times: list[dict], ax=None):
     ax.legend(loc="center right", fontsize=8)
     writer = next((r for r, t in enumerate(times) if "written" in t), None)
     took = times[writer]["written"] - times[writer]["start"] if writer is not None else 0.0
-    ax.set_title(f"Rank {writer} wrote for {took:.2f} s; the other {len(times) - 1} waited at the "
-                 f"barrier, then all went on together", fontsize=11)
+    others = [r for r in range(len(times)) if r != writer]
+    who = f"rank {others[0]}" if len(others) == 1 else f"the other {len(others)}"
+    ax.set_title(f"Rank {writer} wrote for {took:.2f} s; {who} waited at the barrier, "
+                 f"then all went on together", fontsize=11)
     return ax

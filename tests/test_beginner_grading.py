@@ -1,0 +1,197 @@
+"""The beginner exercises under real `nbgrader autograde`: reference and alternative correct
+answers get full marks; each listed mistake loses exactly the points of the test that covers it,
+with feedback that names the mistake; an empty notebook scores nothing."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from tests.conftest import ROOT
+from tests.nbgrade import autograde
+
+EXERCISES = ROOT / "solutions" / "beginner" / "02_exercises.ipynb"
+
+ONLY_RANK0 = "test_save_once_only_rank0_writes"
+WAITS = "test_save_once_everyone_waits"
+SAME = "test_combined_average_same_on_every_worker"
+UNEQUAL = "test_combined_average_unequal_counts"
+ALL_TESTS = {ONLY_RANK0, WAITS, SAME, UNEQUAL}
+
+DOC_SAVE = '    """Save obj to path once."""\n'
+DOC_AVG = '    """Average over all workers."""\n'
+
+# ---------------------------------------------------------------- correct, in other styles
+
+SAVE_ATOMIC_RENAME = "import os\n\ndef save_once(obj, path):\n" + DOC_SAVE + """\
+    if int(os.environ["RANK"]) == 0:
+        tmp = path + ".partial"
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    dist.barrier()
+"""
+
+SAVE_BARE_IMPORT_IF_ELSE = "from torch import save\n\ndef save_once(obj, path):\n" + DOC_SAVE + """\
+    if dist.get_rank() == 0:
+        save(obj, path)
+        dist.barrier()
+    else:
+        dist.barrier()
+"""
+
+SAVE_FILE_OBJECT_BROADCAST = "def save_once(obj, path):\n" + DOC_SAVE + """\
+    done = [False]
+    if dist.get_rank() == 0:
+        with open(path, "wb") as f:
+            torch.save(obj, f)
+        done = [True]
+    dist.broadcast_object_list(done, src=0)
+    assert done[0]
+"""
+
+AVG_GATHER_OBJECT = "def combined_average(loss, count):\n" + DOC_AVG + """\
+    pairs = [None] * dist.get_world_size()
+    dist.all_gather_object(pairs, (loss, count))
+    return sum(l * c for l, c in pairs) / sum(c for _, c in pairs)
+"""
+
+AVG_TWO_SCALARS = "def combined_average(loss, count):\n" + DOC_AVG + """\
+    total = torch.tensor(loss * count)
+    n = torch.tensor(float(count))
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    dist.all_reduce(n, op=dist.ReduceOp.SUM)
+    return float(total / n)
+"""
+
+AVG_REDUCE_BROADCAST = "def combined_average(loss, count):\n" + DOC_AVG + """\
+    t = torch.tensor([loss * count, float(count)])
+    dist.reduce(t, dst=0)
+    dist.broadcast(t, src=0)
+    return (t[0] / t[1]).item()
+"""
+
+# ---------------------------------------------------------------- the listed mistakes
+
+SAVE_NO_BARRIER = "def save_once(obj, path):\n" + DOC_SAVE + """\
+    if dist.get_rank() == 0:
+        torch.save(obj, path)
+"""
+
+SAVE_EVERY_WORKER = "def save_once(obj, path):\n" + DOC_SAVE + """\
+    torch.save(obj, path)
+    dist.barrier()
+"""
+
+SAVE_BARRIER_ONLY_RANK0 = "def save_once(obj, path):\n" + DOC_SAVE + """\
+    if dist.get_rank() == 0:
+        torch.save(obj, path)
+        dist.barrier()
+"""
+
+AVG_OF_AVERAGES = "def combined_average(loss, count):\n" + DOC_AVG + """\
+    t = torch.tensor([loss])
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+"""
+
+AVG_LOCAL = "def combined_average(loss, count):\n" + DOC_AVG + """\
+    return loss
+"""
+
+AVG_COUNT_TIMES_WORLD = "def combined_average(loss, count):\n" + DOC_AVG + """\
+    t = torch.tensor([loss * count])
+    dist.all_reduce(t)
+    return t.item() / (count * dist.get_world_size())
+"""
+
+STUDENTS = {
+    "reference": None,
+    "alt_rename_gather": {"save_once": SAVE_ATOMIC_RENAME, "combined_average": AVG_GATHER_OBJECT},
+    "alt_bare_scalars": {"save_once": SAVE_BARE_IMPORT_IF_ELSE, "combined_average": AVG_TWO_SCALARS},
+    "alt_fileobj_reduce": {"save_once": SAVE_FILE_OBJECT_BROADCAST,
+                           "combined_average": AVG_REDUCE_BROADCAST},
+    "no_barrier_avg_of_avgs": {"save_once": SAVE_NO_BARRIER, "combined_average": AVG_OF_AVERAGES},
+    "every_writer_local": {"save_once": SAVE_EVERY_WORKER, "combined_average": AVG_LOCAL},
+    "rank0_barrier_count_x_world": {"save_once": SAVE_BARRIER_ONLY_RANK0,
+                                    "combined_average": AVG_COUNT_TIMES_WORLD},
+    "blank": {},  # the released stubs: raise NotImplementedError
+}
+
+EXPECTED_LOST = {
+    "reference": set(),
+    "alt_rename_gather": set(),
+    "alt_bare_scalars": set(),
+    "alt_fileobj_reduce": set(),
+    "no_barrier_avg_of_avgs": {WAITS, UNEQUAL},
+    "every_writer_local": {ONLY_RANK0, SAME, UNEQUAL},
+    "rank0_barrier_count_x_world": {ONLY_RANK0, WAITS, UNEQUAL},
+    "blank": ALL_TESTS,
+}
+
+# what the learner reads in the failing test cell's output
+FEEDBACK = {
+    ("no_barrier_avg_of_avgs", WAITS): "opened the file as soon as save_once returned",
+    ("no_barrier_avg_of_avgs", UNEQUAL): "average of the 3 workers' averages",
+    ("every_writer_local", ONLY_RANK0): "Only rank 0 should write",
+    ("every_writer_local", SAME): "Each worker returned its own loss",
+    ("every_writer_local", UNEQUAL): "Each worker returned its own loss",
+    ("rank0_barrier_count_x_world", ONLY_RANK0): "Rank 0 was stuck at `dist.barrier()`",
+    ("rank0_barrier_count_x_world", WAITS): "Rank 0 was stuck at `dist.barrier()`",
+    ("rank0_barrier_count_x_world", UNEQUAL): "You divided by count × world size",
+    ("blank", ONLY_RANK0): "is not written yet",
+    ("blank", SAME): "is not written yet",
+}
+
+
+def cell_output(nb_path, grade_id: str) -> str:
+    nb = nbformat.read(nb_path, as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            parts = []
+            for out in cell.get("outputs", []):
+                parts.append(out.get("text", ""))
+                parts.append(out.get("evalue", ""))
+                parts.extend(out.get("traceback", []))
+            return "\n".join(parts)
+    raise KeyError(grade_id)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("COURSE_GRADER_TIMEOUT", "10")  # a hanging answer costs 10 s, not 20
+    try:
+        return autograde(EXERCISES, STUDENTS, tmp_path_factory.mktemp("beginner-grading"))
+    finally:
+        mp.undo()
+
+
+@pytest.mark.grading
+def test_exercises_have_the_promised_tests(graded):
+    assert set(graded.max_scores) >= ALL_TESTS
+    assert {g for g in graded.max_scores if g.startswith("test_")} == ALL_TESTS
+
+
+@pytest.mark.grading
+@pytest.mark.parametrize("student", list(STUDENTS))
+def test_each_answer_loses_exactly_the_right_points(graded, student):
+    lost = {g for g in graded.lost(student) if g.startswith("test_")}
+    assert lost == EXPECTED_LOST[student], (student, graded.scores[student])
+    if not EXPECTED_LOST[student]:
+        full = sum(v for g, v in graded.max_scores.items() if g.startswith("test_"))
+        assert graded.total(student) == full
+
+
+@pytest.mark.grading
+@pytest.mark.parametrize("student,grade_id", list(FEEDBACK), ids=lambda x: str(x))
+def test_feedback_names_the_mistake(graded, student, grade_id):
+    nb = graded.course / "autograded" / student / "beginner" / EXERCISES.name
+    text = cell_output(nb, grade_id)
+    assert FEEDBACK[student, grade_id] in text, text[-1500:]
+
+
+@pytest.mark.grading
+def test_grading_is_bounded(graded):
+    """Two hanging answers at 10 s each plus eight notebook runs: well under the suite's limit."""
+    print(f"autograde of {len(STUDENTS)} students: {graded.seconds:.0f} s")
+    assert graded.seconds < 400
