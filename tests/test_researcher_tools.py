@@ -1,0 +1,62 @@
+"""helpers.researcher_tools: bitwise digests, hang reports pointed at the learner's line, small table helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers.researcher_tools import _code_only, blame_user_code, digest, median, table
+from helpers.spawn import HangError, run
+
+
+def test_digest_sees_every_bit():
+    a = torch.tensor([1.0, 2.0, 3.0])
+    assert digest([a]) == digest([a.clone()])
+    assert digest([torch.tensor([0.0])]) != digest([torch.tensor([-0.0])])  # equal under ==
+    b = a.clone()
+    b.view(torch.int32)[1] ^= 1  # flip the lowest mantissa bit
+    assert digest([a]) != digest([b])
+    assert digest([a, a]) != digest([torch.cat([a, a])])  # shapes count
+    assert digest([a.double()]) != digest([a])  # dtypes count
+    assert digest([torch.arange(6).reshape(2, 3).t()]) == digest([torch.arange(6).reshape(2, 3).t().contiguous()])
+
+
+def test_median_and_table():
+    assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5
+    with pytest.raises(ValueError):
+        median([])
+    text = table([(0, 1.5), (10, 2.25)], ["rank", "x"], ".2f").splitlines()
+    assert text[0].split() == ["rank", "x"] and text[2].split() == ["0", "1.50"] and text[3].split() == ["10", "2.25"]
+    assert len({len(line) for line in text}) == 1  # aligned
+
+
+def test_code_only_strips_comments_not_strings():
+    assert _code_only("  x = f()  # wait here\n") == "x = f()"
+    assert _code_only('print("# not a comment")') == 'print("# not a comment")'
+
+
+def _rank0_gathers_alone():
+    from torchmetrics import MeanMetric  # a library outside torch, whose compute() all-gathers
+
+    metric = MeanMetric()
+    metric.update(torch.tensor(float(dist.get_rank())))
+    if dist.get_rank() == 0:
+        metric.compute()
+    return "done"
+
+
+def test_blame_user_code_points_at_the_callers_line():
+    """A rank blocked inside a non-torch library is reported at the line of this file that called it."""
+    with pytest.raises(HangError) as info:
+        run(_rank0_gathers_alone, world_size=2, timeout=10, echo=False)
+    err = info.value
+    raw = err.blocked[0]
+    assert raw.rank == 0 and "site-packages" in raw.filename  # what helpers.spawn reports
+    fixed = blame_user_code(err)
+    state = fixed.blocked[0]
+    assert state.filename == __file__ and state.function == "_rank0_gathers_alone"
+    assert state.line == "metric.compute()"
+    assert state.waiting_in in ("barrier", "all_gather")  # the torch.distributed call it waits in
+    assert fixed.ranks[1].finished and err.blocked[0] is raw  # the original is unchanged
+    assert "metric.compute()" in str(fixed) and "metric.compute()" not in str(err)
