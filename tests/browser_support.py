@@ -318,6 +318,9 @@ _JS = r"""
       e => { bt.runDone = true; bt.runError = String(e); });
   };
   bt.finished = () => bt.runDone && bt.status() === 'idle' && !bt.running();
+  // The page has caught up with the kernel: every image output drawn, every widget view rendered.
+  bt.settled = () => bt.cells().every(c => c.type !== 'code' || (c.imgs >= c.png
+      && (!c.widgetViews || c.renderedWidgets > 0) && !c.widgetProblems.includes('Loading widget...')));
   bt.controlSelector = CONTROLS.join(', ');
   // What a widget drives, as the learner sees it: each cell's output minus the controls.
   bt.signature = () => bt.panel.content.widgets.map(c => {
@@ -331,7 +334,9 @@ _JS = r"""
   bt.cells = () => bt.panel.content.widgets.map((c, index) => {
     const cell = {index, type: c.model.type, prompt: null, errors: [], png: 0, widgetViews: 0,
                   imgs: 0, text: '', widgetProblems: [], controls: [], renderedWidgets: 0, uncaught: 0,
-                  streamText: ''};
+                  streamText: '', duplicateImgs: 0, mathErrors: []};
+    // A formula MathJax could not typeset (the learner sees a red "Math input error").
+    cell.mathErrors = [...c.node.querySelectorAll('mjx-merror')].map(e => e.getAttribute('data-mjx-error') || 'Math input error');
     if (c.model.type !== 'code') return cell;
     cell.prompt = ((c.node.querySelector('.jp-InputPrompt') || {}).textContent || '').trim();
     for (const o of c.model.outputs.toJSON()) {
@@ -343,7 +348,9 @@ _JS = r"""
     }
     const area = c.node.querySelector('.jp-Cell-outputArea');
     if (!area) return cell;
-    cell.imgs = area.querySelectorAll('img[src^="data:image/png"]').length;
+    const srcs = [...area.querySelectorAll('img[src^="data:image/png"]')].map(i => i.getAttribute('src'));
+    cell.imgs = srcs.length;
+    cell.duplicateImgs = srcs.length - new Set(srcs).size;
     cell.text = area.innerText;
     // IPython's header of an uncaught exception: also catches those shown inside widget outputs.
     cell.uncaught = (cell.text.match(/^-{40,}\s*\n\S+\s+Traceback \(most recent call last\)/gm) || []).length;
@@ -359,7 +366,9 @@ _JS = r"""
       const kind = CONTROLS.find(s => e.matches(s)).slice(8);
       const label = ((e.querySelector('.widget-label') || {}).textContent || e.textContent || '').trim().slice(0, 40);
       const r = e.getBoundingClientRect();
-      cell.controls.push({id, kind, label: label.trim(), disabled: !!e.querySelector('[disabled]') || e.hasAttribute('disabled'),
+      const labelNode = e.querySelector('.widget-label');
+      const cut = !!labelNode && labelNode.scrollWidth > labelNode.clientWidth + 1;
+      cell.controls.push({id, kind, label: label.trim(), labelCut: cut, disabled: !!e.querySelector('[disabled]') || e.hasAttribute('disabled'),
                           visible: r.width > 0 && r.height > 0});
     });
     return cell;
@@ -430,7 +439,12 @@ class NotebookDriver:
         else:
             raise AssertionError(f"{self.relpath}: Run All started no cell in 3 attempts")
         self._wait("() => window.__bt.finished()", self.t["run"], "the run finishing", polling=500)
-        return time.monotonic() - t0
+        seconds = time.monotonic() - t0
+        try:  # rendering lags the kernel by a moment; what is still missing then is reported
+            self._wait("() => window.__bt.settled()", self.t["redraw"], "the outputs rendering", polling=500)
+        except TimeoutError:
+            pass
+        return seconds
 
     def cells(self) -> list[dict]:
         return self.page.evaluate("() => window.__bt.cells()")
@@ -574,7 +588,7 @@ def mark_graded_cells_may_raise(path: Path) -> None:
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 RANK_LINE = re.compile(r"^\[rank (\d+)\] (.*)$", re.M)
 NOISE = re.compile(r"^\[(Gloo|W\d+|I\d+|E\d+) |UserWarning|FutureWarning|DeprecationWarning|"
-                   r"Connection closed by peer|Traceback \(most recent call last\)", re.M)
+                   r"Connection closed by peer", re.M)
 
 
 def check_notebook(driver: NotebookDriver, source: Path, shot: Path, long_output: int = 40) -> dict:
@@ -656,10 +670,23 @@ def check_notebook(driver: NotebookDriver, source: Path, shot: Path, long_output
                 notes.append(f"{what} redraws cell(s) {moved.changed_cells}, not its own: keep "
                              "widgets next to what they drive")
 
+    final = driver.cells()
     if report["widget_moves"]:  # a callback's exception shows inside the widget's output
         problems += [f"after moving the widgets: {p}" for p in
-                     _errors_outside([c for c in driver.cells() if c["type"] == "code"], graded)
+                     _errors_outside([c for c in final if c["type"] == "code"], graded)
                      if "widget output" in p]
+    for c in final:
+        if c["mathErrors"]:
+            problems.append(f"cell {c['index']} ({c['type']}): a formula does not render (MathJax: "
+                            f"{c['mathErrors']}); check the LaTeX, e.g. a non-raw string turning "
+                            "\\b or \\t into control characters")
+    for c in code:
+        if c["duplicateImgs"]:
+            notes.append(f"cell {c['index']}: the same figure is shown {c['duplicateImgs'] + 1} times")
+        for control in c["controls"]:
+            if control["labelCut"]:
+                notes.append(f"cell {c['index']}: the description of {control['kind']} "
+                             f"{control['label']!r} is cut off (style={{'description_width': 'initial'}})")
 
     # What a learner should not have to read: log noise and walls of output (noted, not failed).
     noisy = {c["index"]: len(NOISE.findall(c["text"])) for c in code if c["index"] not in graded}
@@ -667,7 +694,7 @@ def check_notebook(driver: NotebookDriver, source: Path, shot: Path, long_output
     walls = {c["index"]: c["text"].count("\n") + 1 for c in code
              if c["index"] not in graded and c["text"].count("\n") + 1 > long_output}
     if noisy:
-        notes.append(f"log-like lines (warnings, tracebacks, gloo/c10d logs) in cells {noisy}")
+        notes.append(f"log-like lines (Python warnings, gloo/c10d logs) in cells {noisy}")
     if walls:
         notes.append(f"long outputs (lines per cell): {walls}")
     report["reads_course_quick"] = "COURSE_QUICK" in source.read_text()
@@ -685,7 +712,7 @@ def _errors_outside(code: list[dict], graded: set[int]) -> list[str]:
             found.append(f"cell {c['index']} (not graded) shows an error: {c['errors']}")
         if c["uncaught"] > len(c["errors"]):
             found.append(f"cell {c['index']} (not graded) shows an exception in a widget output: "
-                         f"{c['text'][-400:]!r}")
+                         f"{c['text'].strip().splitlines()[-1]!r}")
     return found
 
 
