@@ -1,0 +1,226 @@
+"""What the graded tests of the developer lesson run on every rank
+(``solutions/developer/04_exercises.ipynb``).
+
+Each ``*_harness`` function is sent to a real gloo pool by ``helpers.grading.run_answer``
+together with the learner's function. It sets up what a training job would have at that
+point (a DDP model with unequal data per rank, an optimizer with state), calls the learner's
+function exactly once, and returns what each rank saw, so that the test cell can say what went
+wrong in words ("rank 2 read the file before rank 0 finished writing").
+
+The harnesses use no collective after the learner's function returns: a rank stuck in a
+barrier that the others never reach is then reported as the hang it is, instead of being
+paired with a collective of the grader's.
+
+Importing this module changes nothing (no seeding, no process started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import tempfile
+from typing import Any, Iterator
+
+__all__ = ["fresh_path", "same", "first_difference", "save_harness", "write_checkpoint",
+           "load_harness", "stop_harness", "weighted_loss", "counting_saves"]
+
+
+# ----------------------------------------------------------------------------- small tools
+
+
+def fresh_path(name: str = "ckpt.pt") -> str:
+    """A path in a new temporary folder (nothing exists there yet)."""
+    return os.path.join(tempfile.mkdtemp(prefix="grader-"), name)
+
+
+def first_difference(a: Any, b: Any, where: str = "") -> str | None:
+    """Where two (nested) state dicts differ, e.g. ``"['state'][0]['momentum_buffer']"``; None if equal."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return where or "(top level)"
+        if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
+            return where or "(top level)"
+        return None
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return f"{where} keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
+        for k in a:
+            found = first_difference(a[k], b[k], f"{where}[{k!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return f"{where} (length {len(a)} vs {len(b)})"
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = first_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if a == b else (where or "(top level)")
+
+
+def same(a: Any, b: Any) -> bool:
+    """True when two (nested) state dicts hold equal tensors and values under the same keys."""
+    return first_difference(a, b) is None
+
+
+def _optimizer(kind: str, params):
+    import torch
+
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=0.01)
+    raise ValueError(f"unknown optimizer {kind!r}")
+
+
+def _clone(state):
+    return copy.deepcopy(state)
+
+
+# ----------------------------------------------------------------------------- save_checkpoint
+
+
+@contextlib.contextmanager
+def counting_saves(calls: list, slow: bool, chunks: int = 8, pause: float = 0.1) -> Iterator[None]:
+    """Inside this block every ``torch.save`` is appended to ``calls``; with ``slow`` it is also
+    written in ``chunks`` flushed pieces with ``pause`` seconds between them
+    (:func:`helpers.races.slow_save`), to a path or to an open file alike."""
+    import torch
+    import torch.serialization
+
+    from helpers.races import slow_save
+
+    original = torch.save
+    inside = []  # slow_save serialises with torch.save itself: that call is not the learner's
+
+    def recorded(obj, f, *args, **kwargs):
+        if inside:
+            return original(obj, f, *args, **kwargs)
+        calls.append(str(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__)
+        if slow and (isinstance(f, (str, os.PathLike)) or hasattr(f, "write")):
+            inside.append(True)
+            try:
+                return slow_save(obj, f, chunks=chunks, pause=pause)
+            finally:
+                inside.pop()
+        return original(obj, f, *args, **kwargs)
+
+    torch.save = recorded
+    torch.serialization.save = recorded
+    try:
+        yield
+    finally:
+        torch.save = original
+        torch.serialization.save = original
+
+
+def save_harness(save_checkpoint, path: str, step: int, slow: bool = False,
+                 optimizer: str = "sgd", pause: float = 0.1) -> dict:
+    """On every rank: one DDP step on unequal data, then ``save_checkpoint(ddp, opt, step, path)``.
+
+    Returns this rank's ``rank``, how many ``writes`` (torch.save calls) it made, what it found
+    when it read ``path`` right after the function returned (``read``: ok / missing / torn,
+    with ``detail``), and the ``model`` (unwrapped) and ``opt`` state it should have saved.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from helpers.races import try_load
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(4, 1))
+    opt = _optimizer(optimizer, ddp.parameters())
+    torch.manual_seed(100 + rank)
+    n = 2 + 3 * rank  # unequal data: 2, 5, 8, ... samples
+    x, y = torch.randn(n, 4), torch.randn(n, 1) + rank
+    opt.zero_grad()
+    nn.functional.mse_loss(ddp(x), y).backward()
+    opt.step()
+    expected = {"model": _clone(ddp.module.state_dict()), "opt": _clone(opt.state_dict())}
+    calls: list = []
+    with counting_saves(calls, slow=slow, pause=pause):
+        save_checkpoint(ddp, opt, step, path)
+    read = try_load(path)  # no barrier here: the learner's function must have waited
+    return {"rank": rank, "writes": len(calls), "read": str(read), "detail": read.detail,
+            **expected}
+
+
+# ----------------------------------------------------------------------------- load_checkpoint
+
+
+def write_checkpoint(path: str, step: int, optimizer: str = "sgd", on: str | None = None) -> dict:
+    """Write a checkpoint as rank 0 of a finished job would (three steps of training), in this process.
+
+    ``on="cuda:0"`` makes it look saved on a GPU (see :func:`helpers.developer_demos.pretend_saved_on`).
+    Returns what was saved.
+    """
+    import torch
+    import torch.nn as nn
+
+    from helpers.developer_demos import pretend_saved_on
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = _optimizer(optimizer, model.parameters())
+    torch.manual_seed(7)
+    x, y = torch.randn(12, 4), torch.randn(12, 1)
+    for _ in range(3):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    ckpt = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+    with pretend_saved_on(on) if on else contextlib.nullcontext():
+        torch.save(ckpt, path)
+    return _clone(ckpt)
+
+
+def load_harness(load_checkpoint, path: str, optimizer: str = "sgd") -> dict:
+    """On every rank: a fresh plain model (different weights on each rank) and optimizer, then
+    ``step = load_checkpoint(model, opt, path)``. Returns the step and the states after it."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    rank = dist.get_rank()
+    torch.manual_seed(1000 + rank)  # a rank that does not load keeps weights nobody saved
+    model = nn.Linear(4, 1)
+    opt = _optimizer(optimizer, model.parameters())
+    before = _clone(model.state_dict())
+    step = load_checkpoint(model, opt, path)
+    if isinstance(step, torch.Tensor) and step.numel() == 1:
+        step = step.item()
+    return {"rank": rank, "step": step, "model": _clone(model.state_dict()),
+            "opt": _clone(opt.state_dict()), "before": before}
+
+
+# ----------------------------------------------------------------------------- should_stop
+
+
+def weighted_loss(losses, counts) -> float:
+    """The loss over every sample: sum(n_r * loss_r) / sum(n_r)."""
+    return sum(l * n for l, n in zip(losses, counts)) / sum(counts)
+
+
+def stop_harness(should_stop, losses, counts, thresholds) -> dict:
+    """On every rank r: ``should_stop(losses[r], counts[r], t)`` for each threshold ``t`` in turn."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    answers = []
+    for t in thresholds:
+        value = should_stop(losses[rank], counts[rank], t)
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()  # a one-element tensor is a fine way to say it
+        if type(value).__name__ == "bool_":  # numpy's bool
+            value = bool(value)
+        answers.append(value)
+    return {"rank": rank, "answers": answers}
