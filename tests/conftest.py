@@ -34,3 +34,19 @@ def quick_env(monkeypatch):
     monkeypatch.setenv("COURSE_QUICK", "1")
     monkeypatch.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")
     return dict(os.environ)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _repository_stays_clean():
+    """Nothing a test runs (notebooks, graders, pools) writes into solutions/ or notebooks/."""
+    import subprocess
+
+    def untracked():
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all",
+                              "solutions", "notebooks"], cwd=ROOT, capture_output=True, text=True)
+        return {l for l in out.stdout.splitlines() if "__pycache__" not in l}
+
+    before = untracked()
+    yield
+    new = untracked() - before
+    assert not new, f"tests wrote into the repository: {sorted(new)}"
