@@ -13,9 +13,9 @@ c.CourseDirectory.release_directory = "notebooks"
 # Grading is bounded at every layer (see the README's instructor section):
 # - a pool run by a test: helpers.grading.GRADER_TIMEOUT (10 s; COURSE_GRADER_TIMEOUT), and an
 #   answer that hung once is not run again in that notebook, so it costs one timeout, not one per test;
-# - a cell: 60 s (then the kernel is interrupted and the cell fails; the notebook goes on);
+# - a cell: 30 s (then the kernel is interrupted and the cell fails; the notebook goes on);
 # - a kernel start: 60 s.
-c.Execute.timeout = 60
+c.Execute.timeout = 30
 c.Execute.startup_timeout = 60
 c.Execute.interrupt_on_timeout = True
 

@@ -1,0 +1,100 @@
+"""Autograde time of whole submissions: every depth's exercises, all correct or all hanging.
+
+One student submits the reference answers of every graded notebook of every depth; another
+submits answers that all hang (a barrier only rank 0 reaches inside a pool, an endless loop
+outside one). Targets (issue 6): a full correct submission in at most 60 s, an all-hanging
+one in at most 3 minutes, both graded with the course's real nbgrader settings.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+from helpers.coursework import ROOT, make_course, nbgrader, read_scores
+from helpers.selfcheck import graded_notebooks
+
+HANG = """import torch.distributed as dist
+if dist.is_initialized():
+    if dist.get_rank() == 0:
+        dist.barrier()          # only rank 0 ever gets here
+else:
+    while True:                 # no process group: just never return
+        pass"""
+
+
+def answers(source: Path, hang: bool) -> dict[str, str]:
+    """grade_id -> the answer cell: the reference body, or a body that hangs."""
+    nb = nbformat.read(source, as_version=4)
+    out = {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if not meta.get("solution"):
+            continue
+        m = re.search(r"^([ \t]*)### BEGIN SOLUTION\n(.*?)^[ \t]*### END SOLUTION\n?", cell.source,
+                      re.S | re.M)
+        if m is None:
+            continue
+        body = m.group(2)
+        if hang:
+            indent = m.group(1)
+            body = "".join(indent + line + "\n" for line in HANG.splitlines())
+        out[meta["grade_id"]] = cell.source[: m.start()] + body + cell.source[m.end():]
+    return out
+
+
+def grade_everything(hang: bool) -> tuple[float, float, float]:
+    """(seconds, score, max) for one student's submission of every depth."""
+    depths = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir()
+                    and graded_notebooks(p))
+    student = "hangs" if hang else "correct"
+    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
+        course = make_course(Path(tmp), depths)
+        for depth in depths:
+            dest = course / "submitted" / student / depth
+            dest.mkdir(parents=True)
+            for source in graded_notebooks(ROOT / "solutions" / depth):
+                nb = nbformat.read(course / "notebooks" / depth / source.name, as_version=4)
+                fill = answers(source, hang)
+                for cell in nb.cells:
+                    gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+                    if cell.metadata.get("nbgrader", {}).get("solution") and gid in fill:
+                        cell.source = fill[gid]
+                nbformat.write(nb, dest / source.name)
+            # the lesson notebooks are submitted too, as a learner's fetched folder holds them
+            for lesson in (course / "notebooks" / depth).glob("*.ipynb"):
+                if not (dest / lesson.name).exists():
+                    (dest / lesson.name).write_bytes(lesson.read_bytes())
+        t0 = time.monotonic()
+        for depth in depths:
+            nbgrader("autograde", depth, "--force", cwd=course, timeout=1800)
+        seconds = time.monotonic() - t0
+        score = most = 0.0
+        for depth in depths:
+            names = [p.stem for p in graded_notebooks(ROOT / "solutions" / depth)]
+            g = read_scores(course, depth, names, [student])
+            score += g.total(student)
+            most += sum(g.max_scores.values())
+    return seconds, score, most
+
+
+def main() -> bool:
+    print(__doc__.strip().splitlines()[0])
+    ok = True
+    for hang, target in ((False, 60.0), (True, 180.0)):
+        seconds, score, most = grade_everything(hang)
+        kind = "every answer hangs" if hang else "every answer correct"
+        met = seconds <= target and (score == 0 if hang else score == most)
+        ok &= met
+        print(f"{kind:<22} {seconds:6.1f} s (target <= {target:.0f} s)  score {score:g}/{most:g}  "
+              f"{'MET' if met else 'MISSED'}", flush=True)
+    return ok
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
