@@ -18,12 +18,28 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import os
 import tempfile
 from typing import Any, Iterator
 
-__all__ = ["fresh_path", "same", "first_difference", "save_harness", "write_checkpoint",
+__all__ = ["TIMEOUT", "timeout", "fresh_path", "same", "first_difference", "save_harness", "write_checkpoint",
            "load_harness", "stop_harness", "weighted_loss", "counting_saves"]
+
+
+#: Seconds a graded pool of this lesson may take. Its harnesses build a DDP model or an
+#: optimizer, whose first use in a fresh process imports ``torch._dynamo`` (about 1 s of CPU
+#: per rank, several seconds per pool on a busy 2-core machine), so the course default
+#: (``helpers.grading.GRADER_TIMEOUT``) is raised to 30 s here. An answer that hangs costs
+#: this once: ``run_answer`` does not run an answer again after it hung.
+TIMEOUT = 30.0
+
+
+def timeout() -> float:
+    """The pool timeout for these tests: :data:`TIMEOUT`, or more if ``COURSE_GRADER_TIMEOUT`` says so."""
+    from helpers.grading import GRADER_TIMEOUT
+
+    return max(TIMEOUT, GRADER_TIMEOUT)
 
 
 # ----------------------------------------------------------------------------- small tools
@@ -85,38 +101,65 @@ def _clone(state):
 # ----------------------------------------------------------------------------- save_checkpoint
 
 
+def _write_slowly(data: bytes, target, chunks: int, pause: float) -> None:
+    """Write ``data`` to a path or an open file in ``chunks`` flushed pieces, pausing between them
+    (the loop of :func:`helpers.races.slow_save`, for bytes that are already serialised)."""
+    import time
+
+    step = max(1, -(-len(data) // chunks))
+    out = open(os.fspath(target), "wb") if isinstance(target, (str, os.PathLike)) else target
+    try:
+        for i in range(0, len(data), step):
+            out.write(data[i:i + step])
+            out.flush()
+            if i + step < len(data):
+                time.sleep(pause)
+    finally:
+        if out is not target:
+            out.close()
+
+
 @contextlib.contextmanager
 def counting_saves(calls: list, slow: bool, chunks: int = 8, pause: float = 0.1) -> Iterator[None]:
-    """Inside this block every ``torch.save`` is appended to ``calls``; with ``slow`` it is also
-    written in ``chunks`` flushed pieces with ``pause`` seconds between them
-    (:func:`helpers.races.slow_save`), to a path or to an open file alike."""
-    import torch
-    import torch.serialization
+    """Inside this block every ``torch.save`` to a path or a real file is recorded in ``calls``;
+    with ``slow`` its bytes are also written in ``chunks`` flushed pieces with ``pause`` seconds
+    between them, so that a rank which reads too early finds the file missing or half-written.
 
-    from helpers.races import slow_save
+    The hook is ``torch.serialization._open_zipfile_writer``, which ``torch.save`` looks up at
+    every call: it sees every save, however the learner imported ``torch.save``
+    (``from torch import save`` included), whether to a path or to an open file.
+    """
+    import torch.serialization as ser
 
-    original = torch.save
-    inside = []  # slow_save serialises with torch.save itself: that call is not the learner's
+    original = ser._open_zipfile_writer
 
-    def recorded(obj, f, *args, **kwargs):
-        if inside:
-            return original(obj, f, *args, **kwargs)
-        calls.append(str(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__)
-        if slow and (isinstance(f, (str, os.PathLike)) or hasattr(f, "write")):
-            inside.append(True)
-            try:
-                return slow_save(obj, f, chunks=chunks, pause=pause)
-            finally:
-                inside.pop()
-        return original(obj, f, *args, **kwargs)
+    class SlowTarget:
+        """Serialise into memory, then write the bytes to the real target slowly."""
 
-    torch.save = recorded
-    torch.serialization.save = recorded
+        def __init__(self, target):
+            self.target, self.buffer = target, io.BytesIO()
+            self.inner = ser._open_zipfile_writer_buffer(self.buffer)
+
+        def __enter__(self):
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            self.inner.__exit__(*exc)
+            if exc[0] is None:
+                _write_slowly(self.buffer.getvalue(), self.target, chunks, pause)
+
+    def opener(target):
+        is_path = isinstance(target, (str, os.PathLike))
+        if not is_path and isinstance(target, io.BytesIO):
+            return original(target)  # serialising into memory is not writing the checkpoint
+        calls.append(os.fspath(target) if is_path else getattr(target, "name", type(target).__name__))
+        return SlowTarget(target) if slow else original(target)
+
+    ser._open_zipfile_writer = opener
     try:
         yield
     finally:
-        torch.save = original
-        torch.serialization.save = original
+        ser._open_zipfile_writer = original
 
 
 def save_harness(save_checkpoint, path: str, step: int, slow: bool = False,

@@ -1,0 +1,266 @@
+"""The developer exercises under real `nbgrader autograde`: the reference solutions and two sets of
+correct answers in other styles get full marks; each mistake listed in the issue loses exactly the
+points of the tests that cover it, with feedback that names the mistake.
+
+One autograde call grades every student (one notebook execution each); wrong answers for different
+functions share a student.
+"""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from tests.conftest import ROOT
+from tests.nbgrade import autograde
+
+EXERCISES = ROOT / "solutions" / "developer" / "04_exercises.ipynb"
+
+CONTENTS = "test_save_checkpoint_contents"
+WAITS = "test_save_checkpoint_waits"
+ONE_WRITER = "test_save_checkpoint_one_writer"
+MODEL = "test_load_checkpoint_model_and_step"
+OPTIM = "test_load_checkpoint_optimizer"
+MISSING = "test_load_checkpoint_missing_file"
+AGREE = "test_should_stop_same_on_every_rank"
+WEIGHTED = "test_should_stop_weighted"
+ALL_TESTS = {CONTENTS, WAITS, ONE_WRITER, MODEL, OPTIM, MISSING, AGREE, WEIGHTED}
+POINTS = {CONTENTS: 2, WAITS: 2, ONE_WRITER: 1, MODEL: 2, OPTIM: 2, MISSING: 1, AGREE: 1, WEIGHTED: 2}
+
+SAVE = "def save_checkpoint(ddp_model, optimizer, step, path):\n    \"\"\"Save once.\"\"\"\n"
+LOAD = "def load_checkpoint(model, optimizer, path):\n    \"\"\"Load on every rank.\"\"\"\n"
+STOP = "def should_stop(local_loss, n_samples, threshold):\n    \"\"\"Decide together.\"\"\"\n"
+
+# ---------------------------------------------------------------- correct, in other styles
+
+SAVE_ATOMIC_RENAME = "import os\n\n" + SAVE + """\
+    if dist.get_rank() == 0:
+        tmp = path + ".partial"
+        torch.save({"model": ddp_model.module.state_dict(), "opt": optimizer.state_dict(),
+                    "step": step}, tmp)
+        os.replace(tmp, path)          # readers see the old file or the whole new one
+    dist.barrier()
+"""
+
+# keys stripped by hand, `from torch import save`, an open file, a broadcast instead of a barrier
+SAVE_STRIP_FILEOBJ_BROADCAST = "from torch import save\n\n" + SAVE + """\
+    done = [False]
+    if dist.get_rank() == 0:
+        model = {k.removeprefix("module."): v for k, v in ddp_model.state_dict().items()}
+        with open(path, "wb") as f:
+            save({"model": model, "opt": optimizer.state_dict(), "step": step}, f)
+        done = [True]
+    dist.broadcast_object_list(done, src=0)
+"""
+
+LOAD_TRY_EXCEPT = LOAD + """\
+    try:
+        ckpt = torch.load(path, map_location=torch.device("cpu"), weights_only=True)
+    except FileNotFoundError:
+        return 0
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["opt"])
+    return int(ckpt["step"])
+"""
+
+LOAD_PATHLIB = "from pathlib import Path\n\n" + LOAD + """\
+    if not Path(path).is_file():
+        return 0
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(state["opt"])
+    model.load_state_dict(state["model"])
+    return state["step"]
+"""
+
+STOP_GATHER_OBJECT = STOP + """\
+    pairs = [None] * dist.get_world_size()
+    dist.all_gather_object(pairs, (local_loss, n_samples))
+    total = sum(loss * n for loss, n in pairs) / sum(n for _, n in pairs)
+    return total < threshold
+"""
+
+STOP_BROADCAST_DECISION = STOP + """\
+    t = torch.tensor([local_loss * n_samples, float(n_samples)])
+    dist.reduce(t, dst=0)
+    decision = torch.zeros(1, dtype=torch.int64)
+    if dist.get_rank() == 0:
+        decision[0] = int((t[0] / t[1]).item() < threshold)
+    dist.broadcast(decision, src=0)
+    return bool(decision.item())
+"""
+
+# ---------------------------------------------------------------- the listed mistakes
+
+SAVE_MODULE_KEYS = SAVE + """\
+    if dist.get_rank() == 0:
+        torch.save({"model": ddp_model.state_dict(), "opt": optimizer.state_dict(), "step": step}, path)
+    dist.barrier()
+"""
+
+SAVE_NO_BARRIER = SAVE + """\
+    if dist.get_rank() == 0:
+        torch.save({"model": ddp_model.module.state_dict(), "opt": optimizer.state_dict(), "step": step}, path)
+"""
+
+SAVE_EVERY_RANK = SAVE + """\
+    torch.save({"model": ddp_model.module.state_dict(), "opt": optimizer.state_dict(), "step": step}, path)
+    dist.barrier()
+"""
+
+SAVE_BARRIER_ONLY_RANK0 = SAVE + """\
+    if dist.get_rank() == 0:
+        torch.save({"model": ddp_model.module.state_dict(), "opt": optimizer.state_dict(), "step": step}, path)
+        dist.barrier()
+"""
+
+LOAD_NO_OPTIMIZER = LOAD + """\
+    if not os.path.exists(path):
+        return 0
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    return ckpt["step"]
+"""
+
+LOAD_ONLY_RANK0 = LOAD + """\
+    if not os.path.exists(path):
+        return 0
+    if dist.get_rank() == 0:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["opt"])
+        return ckpt["step"]
+    return 0
+"""
+
+LOAD_CRASHES_WITHOUT_FILE = LOAD + """\
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["opt"])
+    return ckpt["step"]
+"""
+
+STOP_PER_RANK = STOP + """\
+    return local_loss < threshold
+"""
+
+STOP_UNWEIGHTED_MEAN = STOP + """\
+    t = torch.tensor([local_loss])
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.item() / dist.get_world_size() < threshold
+"""
+
+STUDENTS = {
+    "reference": None,
+    "alt_rename_tryexcept_gather": {"save_checkpoint": SAVE_ATOMIC_RENAME,
+                                    "load_checkpoint": LOAD_TRY_EXCEPT,
+                                    "should_stop": STOP_GATHER_OBJECT},
+    "alt_fileobj_pathlib_broadcast": {"save_checkpoint": SAVE_STRIP_FILEOBJ_BROADCAST,
+                                      "load_checkpoint": LOAD_PATHLIB,
+                                      "should_stop": STOP_BROADCAST_DECISION},
+    "module_keys_no_optimizer_per_rank": {"save_checkpoint": SAVE_MODULE_KEYS,
+                                          "load_checkpoint": LOAD_NO_OPTIMIZER,
+                                          "should_stop": STOP_PER_RANK},
+    "no_barrier_rank0_loads_unweighted": {"save_checkpoint": SAVE_NO_BARRIER,
+                                          "load_checkpoint": LOAD_ONLY_RANK0,
+                                          "should_stop": STOP_UNWEIGHTED_MEAN},
+    "every_rank_writes_crash_on_missing": {"save_checkpoint": SAVE_EVERY_RANK,
+                                           "load_checkpoint": LOAD_CRASHES_WITHOUT_FILE,
+                                           "should_stop": None},
+    "barrier_only_rank0": {"save_checkpoint": SAVE_BARRIER_ONLY_RANK0,
+                           "load_checkpoint": None, "should_stop": None},
+}
+
+EXPECTED_LOST = {
+    "reference": set(),
+    "alt_rename_tryexcept_gather": set(),
+    "alt_fileobj_pathlib_broadcast": set(),
+    "module_keys_no_optimizer_per_rank": {CONTENTS, OPTIM, AGREE, WEIGHTED},
+    "no_barrier_rank0_loads_unweighted": {WAITS, MODEL, OPTIM, WEIGHTED},
+    "every_rank_writes_crash_on_missing": {ONE_WRITER, MISSING},
+    # the function never returns on rank 0: nothing about it can be checked
+    "barrier_only_rank0": {CONTENTS, WAITS, ONE_WRITER},
+}
+
+# what the learner reads in the failing test cell's output
+FEEDBACK = {
+    ("module_keys_no_optimizer_per_rank", CONTENTS): "save ddp_model.module.state_dict()",
+    ("module_keys_no_optimizer_per_rank", OPTIM): "optimizer has no state after load_checkpoint",
+    ("module_keys_no_optimizer_per_rank", AGREE): "the ranks disagree",
+    ("no_barrier_rank0_loads_unweighted", WAITS): "read the file before rank 0 finished writing",
+    ("no_barrier_rank0_loads_unweighted", MODEL): "Every rank must load the checkpoint, not only rank 0",
+    ("no_barrier_rank0_loads_unweighted", WEIGHTED): "weight each rank's loss by its n_samples",
+    ("every_rank_writes_crash_on_missing", ONE_WRITER): "Only rank 0 should write",
+    ("every_rank_writes_crash_on_missing", MISSING): "must return 0 instead of failing",
+    ("barrier_only_rank0", WAITS): "Rank 0 was stuck at `dist.barrier()`",
+}
+
+
+def answers(student: str) -> dict[str, str] | None:
+    """A student's answer cells; None entries mean "the reference answer" for that function."""
+    spec = STUDENTS[student]
+    if spec is None:
+        return None
+    from tests.nbgrade import reference_answers
+
+    reference = reference_answers(EXERCISES)
+    return {gid: (src if src is not None else reference[gid]) for gid, src in spec.items()}
+
+
+def cell_output(nb_path, grade_id: str) -> str:
+    nb = nbformat.read(nb_path, as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            parts = []
+            for out in cell.get("outputs", []):
+                parts.append(out.get("text", ""))
+                parts.append(out.get("evalue", ""))
+                parts.extend(out.get("traceback", []))
+            return "\n".join(parts)
+    raise KeyError(grade_id)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return autograde(EXERCISES, {s: answers(s) for s in STUDENTS},
+                     tmp_path_factory.mktemp("developer-grading"), timeout=1800)
+
+
+@pytest.mark.grading
+def test_exercises_have_the_promised_tests(graded):
+    tests = {g: p for g, p in graded.max_scores.items() if g.startswith("test_")}
+    assert tests == POINTS
+
+
+@pytest.mark.grading
+@pytest.mark.parametrize("student", list(STUDENTS))
+def test_each_answer_loses_exactly_the_right_points(graded, student):
+    lost = {g for g in graded.lost(student) if g.startswith("test_")}
+    assert lost == EXPECTED_LOST[student], (student, graded.scores[student])
+    for g in lost:  # a failed test scores nothing, not part of its points
+        assert graded.scores[student][g] == 0
+    if not EXPECTED_LOST[student]:
+        assert graded.total(student) == sum(POINTS.values())
+
+
+@pytest.mark.grading
+@pytest.mark.parametrize("student,grade_id", list(FEEDBACK), ids=lambda x: str(x))
+def test_feedback_names_the_mistake(graded, student, grade_id):
+    nb = graded.course / "autograded" / student / "developer" / EXERCISES.name
+    text = cell_output(nb, grade_id)
+    assert FEEDBACK[student, grade_id] in text, text[-1500:]
+
+
+@pytest.mark.grading
+def test_a_hanging_answer_is_waited_for_once(graded):
+    """The rank-0-only barrier hangs in the first save test; the later save tests fail at once."""
+    nb = graded.course / "autograded" / "barrier_only_rank0" / "developer" / EXERCISES.name
+    assert "Rank 0 was stuck at `dist.barrier()`" in cell_output(nb, CONTENTS)
+    for later in (WAITS, ONE_WRITER):
+        assert "Not run again" in cell_output(nb, later)
+
+
+@pytest.mark.grading
+def test_grading_is_bounded(graded):
+    """Seven notebook executions and one hang of 30 s: well within the suite's limit."""
+    print(f"autograde of {len(STUDENTS)} students: {graded.seconds:.0f} s")
+    assert graded.seconds < 1200
