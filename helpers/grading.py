@@ -14,7 +14,7 @@ from typing import Callable
 from helpers.spawn import HangError, WorkerError, run
 
 __all__ = ["run_answer", "GRADER_TIMEOUT", "feedback_for_hang", "feedback_for_error",
-           "forget_hangs"]
+           "forget_hangs", "call_answer"]
 
 #: Seconds a graded pool may take. Answers here are tiny (a correct one, slow writes
 #: included, finishes in about 2 s); anything slower is a hang.
@@ -82,8 +82,49 @@ def run_answer(harness: Callable, *args, name: str, world_size: int = 3,
     except HangError as e:
         _HUNG[key] = feedback_for_hang(e, name)
         raise AssertionError(_HUNG[key]) from None
+    except KeyboardInterrupt:
+        # The grader interrupts a cell that runs past its time limit: that was this answer.
+        _HUNG[key] = f"{name}() was still running when the cell's time limit interrupted it."
+        raise
     except WorkerError as e:
         raise AssertionError(feedback_for_error(e, name)) from None
+
+
+def call_answer(fn: Callable, *args, name: str, timeout: float | None = None, **kwargs):
+    """Call a single-process answer in this kernel, bounded in time like :func:`run_answer`.
+
+    An answer still running after ``timeout`` seconds (an endless loop) is stopped with an
+    ``AssertionError`` that says so, and is not called again by later tests of this kernel;
+    an exception it raises propagates unchanged (tests may expect a ``ValueError``).
+    Uses ``SIGALRM``, so call it from the main thread (as notebook cells run).
+    """
+    import signal
+    import threading
+
+    key = _answer_key(name, (fn,), {})
+    if key in _HUNG:
+        raise AssertionError(f"Not run again: {_HUNG[key]}")
+    limit = GRADER_TIMEOUT if timeout is None else timeout
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args, **kwargs)
+
+    class _TooSlow(BaseException):
+        pass
+
+    def alarm(signum, frame):
+        raise _TooSlow()
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return fn(*args, **kwargs)
+    except _TooSlow:
+        _HUNG[key] = (f"{name}() did not return within {limit:g} s: look for a loop that never "
+                      "ends or a wait for something that never comes.")
+        raise AssertionError(_HUNG[key]) from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def forget_hangs() -> None:

@@ -69,8 +69,9 @@ def main(argv=None) -> int:
                 shutil.rmtree(old)  # a depth removed from solutions/
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-    for nb in sorted(dest.rglob("*.ipynb")):
-        print(f"released {nb.relative_to(dest.parent) if dest.parent in nb.parents else nb}")
+    for depth in args.depth or depths():
+        for nb in sorted((dest / depth).glob("*.ipynb")):
+            print(f"released {nb}")
     return 0
 
 

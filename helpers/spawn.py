@@ -45,7 +45,10 @@ __all__ = ["run", "HangError", "WorkerError", "RankState", "MAX_WORLD_SIZE", "li
            "warm_up"]
 
 MAX_WORLD_SIZE = 32
-_PRELOAD = ["helpers.spawn", "torch", "torch.distributed", "torch.nn.parallel", "cloudpickle"]
+# Imported once by the fork server, so no rank pays for them. torch._dynamo is imported by
+# DDP's constructor and costs about 1.5 s of CPU per rank otherwise.
+_PRELOAD = ["helpers.spawn", "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+            "cloudpickle"]
 _MAX_LINES_PER_RANK = 2000  # per stream; more is drained but not shown
 
 # Lines that gloo and torch print on every start-up. They say nothing about the lesson,
@@ -85,7 +88,7 @@ class RankState:
             return f"rank {self.rank}: blocked (its stack could not be read)"
         where = f"{_place(self.filename)}, line {self.lineno}"
         what = f"`{self.line}`" if self.line else f"line {self.lineno}"
-        inside = f" (waiting in torch's {self.waiting_in}())" if self.waiting_in else ""
+        inside = f" (waiting in {self.waiting_in}())" if self.waiting_in else ""
         return f"rank {self.rank}: blocked at {what} inside {self.function}() ({where}){inside}"
 
 
@@ -389,13 +392,26 @@ def _library_file(path: str) -> bool:
         import torch
 
         _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-    p = os.path.abspath(path) if not path.startswith("<") else path
-    return (
-        p.startswith(_TORCH_DIR)
-        or p == _HERE
-        or os.sep + "multiprocessing" + os.sep in p
-        or p.startswith("<")
-    )
+    if path.startswith("<"):
+        return True
+    p = os.path.abspath(path)
+    return p == _HERE or p.startswith(_TORCH_DIR) or p.startswith(_library_dirs())
+
+
+_LIB_DIRS: tuple[str, ...] | None = None
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """The standard library and site-packages: code that is not the learner's."""
+    global _LIB_DIRS
+    if _LIB_DIRS is None:
+        import sysconfig
+
+        paths = sysconfig.get_paths()
+        dirs = {os.path.abspath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
+                if k in paths}
+        _LIB_DIRS = tuple(sorted(dirs))
+    return _LIB_DIRS
 
 
 def _code_only(line: str) -> str:
@@ -588,17 +604,44 @@ class _Pool:
             raise WorkerError(rank, etype, emsg, tb)
 
     def _blame_a_dead_peer(self, rank: int) -> None:
-        """This rank failed only because a peer's connection dropped: if a peer died, report that.
+        """This rank failed only because a peer's connection dropped: report the peer's failure.
 
-        A rank that crashes (segfault, abort) closes its sockets as it dies, and its peers
-        fail with "Connection reset by peer" a moment before the crash itself is reported.
+        When a rank crashes (segfault, abort) or raises, its sockets close and its peers fail
+        with "Connection closed by peer" a moment before the real failure is reported. For up
+        to 2 s, wait for another rank to report something more telling: a death, or an
+        exception that is not itself a dropped connection.
         """
+        from multiprocessing.connection import wait as wait_any
+
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            for other, p in enumerate(self.procs):
-                if other != rank and other not in self.results and p.exitcode is not None:
-                    self._exited(other)  # raises the crash as the cause
-            time.sleep(0.05)
+        peers = {r for r in range(self.world_size) if r != rank and r not in self.results}
+        while peers and time.monotonic() < deadline:
+            waitables = {}
+            for r in peers:
+                if not self.conns[r].closed:
+                    waitables[self.conns[r]] = r
+                waitables[self.procs[r].sentinel] = r
+            for ready in wait_any(list(waitables), timeout=deadline - time.monotonic()):
+                r = waitables[ready]
+                if r not in peers:
+                    continue
+                conn = self.conns[r]
+                if not conn.closed and conn.poll(0):
+                    try:
+                        msg = conn.recv()
+                    except (EOFError, OSError):
+                        conn.close()
+                        continue
+                    if msg[0] == "ok":
+                        self.results[r] = msg
+                        self.finish_time[r] = msg[-1]
+                    elif msg[0] == "error" and not _PEER_GONE.search(msg[2]):
+                        self._drain()
+                        raise WorkerError(r, msg[1], msg[2], msg[3])
+                    peers.discard(r)
+                elif self.procs[r].exitcode is not None:
+                    self._exited(r)  # raises the death as the cause
+                    peers.discard(r)
 
     def _exited(self, rank: int) -> None:
         if rank in self.results:

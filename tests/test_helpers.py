@@ -153,3 +153,29 @@ def test_environment_check_passes_here(capsys):
     assert all(c.ok for c in results)
     out = capsys.readouterr().out
     assert "2-rank gloo pool" in out and "FIX" not in out
+
+
+def test_call_answer_bounds_an_endless_loop_in_the_kernel():
+    from helpers.grading import call_answer
+
+    def pooled(xs):
+        while True:
+            pass
+
+    with pytest.raises(AssertionError, match=r"pooled\(\) did not return within 1 s"):
+        call_answer(pooled, [1], name="pooled", timeout=1)
+    with pytest.raises(AssertionError, match="^Not run again"):
+        call_answer(pooled, [1], name="pooled", timeout=1)
+
+
+def test_call_answer_passes_values_and_exceptions_through():
+    from helpers.grading import call_answer
+
+    def half(x):
+        if x < 0:
+            raise ValueError("negative")
+        return x / 2
+
+    assert call_answer(half, 4, name="half") == 2
+    with pytest.raises(ValueError, match="negative"):
+        call_answer(half, -1, name="half")
