@@ -364,7 +364,8 @@ _JS = r"""
       const id = `c${index}_${j}`;
       e.setAttribute('data-bt-id', id);
       const kind = CONTROLS.find(s => e.matches(s)).slice(8);
-      const label = ((e.querySelector('.widget-label') || {}).textContent || e.textContent || '').trim().slice(0, 40);
+      const clean = t => (t || '').replace(/\u200b/g, '').trim();
+      const label = (clean((e.querySelector('.widget-label') || {}).textContent) || clean(e.textContent)).slice(0, 40);
       const r = e.getBoundingClientRect();
       const labelNode = e.querySelector('.widget-label');
       const cut = !!labelNode && labelNode.scrollWidth > labelNode.clientWidth + 1;
@@ -470,70 +471,81 @@ class NotebookDriver:
     def _busy_count(self) -> int:
         return self.page.evaluate("() => window.__bt.busy")
 
-    def move(self, control: dict) -> ControlResult:
-        """Move one control the way a learner would; wait for the kernel to answer; see what changed."""
-        res = ControlResult(cell=int(control["id"][1:].split("_")[0]), kind=control["kind"],
-                            label=control["label"])
+    def _gesture(self, control: dict) -> tuple[str, str]:
+        """Do what a learner does to this control; return (what was done, what went wrong)."""
         loc = self.page.locator(f'[data-bt-id="{control["id"]}"]')
-        before = self.signature()
-        busy = self._busy_count()
-        t0 = time.monotonic()
-        kind = control["kind"]
         loc.scroll_into_view_if_needed(timeout=10_000)
+        kind = control["kind"]
         if kind == "slider":
             handle = loc.locator(".noUi-handle").first
             value = handle.get_attribute("aria-valuenow")
             handle.focus()
             handle.press("ArrowRight")
-            res.action = f"ArrowRight from {value}"
+            action = f"ArrowRight from {value}"
             if handle.get_attribute("aria-valuenow") == value:  # already at the maximum
                 handle.press("ArrowLeft")
-                res.action = f"ArrowLeft from {value}"
+                action = f"ArrowLeft from {value}"
             if handle.get_attribute("aria-valuenow") == value:
-                res.problem = "the slider did not move"
-                return res
-        elif kind in ("dropdown", "select"):
+                return action, "the slider did not move"
+            return action, ""
+        if kind in ("dropdown", "select"):
             sel = loc.locator("select")
             current = sel.input_value()
             options = sel.locator("option").evaluate_all("os => os.map(o => o.value)")
             other = next((o for o in options if o != current), None)
             if other is None:
-                res.problem = "a single option: nothing to choose"
-                return res
+                return "", "a single option: nothing to choose"
             sel.select_option(value=other)
-            res.action = f"select option {other!r}"
-        elif kind == "toggle-buttons":
-            choices = loc.locator("button:not(.mod-active)")
+            return f"select option {other!r}", ""
+        if kind in ("toggle-buttons", "radio"):
+            choices = loc.locator("button:not(.mod-active)" if kind == "toggle-buttons"
+                                  else "input:not(:checked)")
             if choices.count() == 0:
-                res.problem = "no other choice to click"
-                return res
-            res.action = f"click {choices.first.inner_text()!r}"
+                return "", "no other choice to click"
+            action = f"click {(choices.first.inner_text() or 'another choice')!r}"
             choices.first.click()
-        elif kind in ("toggle-button", "button"):
-            res.action = "click"
+            return action, ""
+        if kind in ("toggle-button", "button"):
             loc.click()
-        elif kind == "checkbox":
-            res.action = "click the checkbox"
+            return "click", ""
+        if kind == "checkbox":
             loc.locator("input").click()
-        elif kind == "radio":
-            choices = loc.locator("input:not(:checked)")
-            if choices.count() == 0:
-                res.problem = "no other choice to click"
-                return res
-            res.action = "click another radio button"
-            choices.first.click()
-        else:
-            res.action = "(not moved: no learner gesture defined for this control)"
-            return res
-        # The kernel handles the change (busy, then idle); then the output it drives redraws.
+            return "click the checkbox", ""
+        return "", "no learner gesture defined for this kind of control"
+
+    def _answered(self, busy: int, what: str) -> None:
+        """The kernel took the change (it went busy) and has finished with it (idle again)."""
         self._wait(f"() => window.__bt.busy > {busy} && window.__bt.status() === 'idle'",
-                   self.t["widget"], f"the kernel answering {kind} {res.label!r}")
+                   self.t["widget"], f"the kernel answering {what}")
+
+    def move(self, control: dict, press: dict | None = None, must_change: bool = True) -> ControlResult:
+        """Move one control (then press ``press``, a Run button, if the cell has one); wait for the
+        kernel; return which cells' outputs changed. ``must_change``: no change is a problem."""
+        res = ControlResult(cell=int(control["id"][1:].split("_")[0]), kind=control["kind"],
+                            label=control["label"])
+        what = f"{control['kind']} {control['label']!r}"
+        before = self.signature()
+        t0 = time.monotonic()
+        busy = self._busy_count()
+        res.action, res.problem = self._gesture(control)
+        if res.problem:
+            return res
+        self._answered(busy, what)
+        if press is not None:
+            busy = self._busy_count()
+            action, res.problem = self._gesture(press)
+            if res.problem:
+                return res
+            res.action += f", then {action} {press['label']!r}"
+            self._answered(busy, f"{press['kind']} {press['label']!r}")
         try:
             self._wait("before => { const now = window.__bt.signature();"
-                       " return now.some((s, i) => s !== before[i]); }", self.t["redraw"],
-                       f"an output redrawing after {kind} {res.label!r}", arg=before)
+                       " return now.some((s, i) => s !== before[i]); }",
+                       self.t["redraw"] if must_change else 5,
+                       f"an output redrawing after {what}", arg=before)
         except TimeoutError:
-            res.problem = "no output changed"
+            if must_change:
+                res.problem = "no output changed"
         after = self.signature()
         res.changed_cells = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
         res.seconds = time.monotonic() - t0
@@ -654,21 +666,31 @@ def check_notebook(driver: NotebookDriver, source: Path, shot: Path, long_output
         if c["widgetProblems"]:
             problems.append(f"cell {c['index']}: {c['widgetProblems']}")
     for c in code:
+        usable = []
         for control in c["controls"]:
             if not control["visible"]:
                 problems.append(f"cell {c['index']}: control {control['label']!r} is not visible")
-                continue
-            if control["disabled"]:
+            elif control["disabled"]:
                 notes.append(f"cell {c['index']}: control {control['label']!r} is disabled; not moved")
-                continue
-            moved = driver.move(control)
+            else:
+                usable.append(control)
+        buttons = [k for k in usable if k["kind"] == "button"]
+        others = [k for k in usable if k["kind"] != "button"]
+        # With a Run button, a learner sets the controls, then presses it; a button alone may
+        # redo a deterministic run (same picture), so it only has to run without an error.
+        plan = ([(k, buttons[0] if buttons else None, True) for k in others]
+                or [(k, None, False) for k in buttons])
+        for control, press, must_change in plan:
+            moved = driver.move(control, press=press, must_change=must_change)
             report["widget_moves"].append(moved.__dict__)
             what = f"cell {c['index']}: {moved.kind} {moved.label!r} ({moved.action})"
             if moved.problem:
                 problems.append(f"{what}: {moved.problem}")
-            elif c["index"] not in moved.changed_cells:
+            elif moved.changed_cells and c["index"] not in moved.changed_cells:
                 notes.append(f"{what} redraws cell(s) {moved.changed_cells}, not its own: keep "
                              "widgets next to what they drive")
+            elif not moved.changed_cells:
+                notes.append(f"{what}: nothing on the page changed")
 
     final = driver.cells()
     if report["widget_moves"]:  # a callback's exception shows inside the widget's output
