@@ -58,6 +58,15 @@ def chromium_path() -> str:
     return path
 
 
+def launch_chromium(playwright, home: Path):
+    """Headless Chromium from the system; its profile and crash database go under ``home``."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, HOME=str(home), XDG_CONFIG_HOME=str(home / "config"),
+               XDG_CACHE_HOME=str(home / "cache"))
+    return playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS,
+                                      headless=True, timeout=120_000, env=env)
+
+
 def learner_notebooks(root: Path = ROOT) -> list[Path]:
     """Every learner notebook, discovered: notebooks/**/*.ipynb (paths relative to the course)."""
     return sorted(p.relative_to(root) for p in (root / "notebooks").rglob("*.ipynb")

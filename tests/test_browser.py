@@ -16,19 +16,21 @@ instructor's Formgrader lists the course's assignments.
 The server serves a temporary copy of the course with its own config, data, runtime, workspace,
 IPython and matplotlib dirs and COURSE_QUICK=1 in its environment; it and everything it started
 are stopped at the end, pass or fail. Needs /usr/bin/chromium (`make test` installs Debian's
-package) and the Playwright Python package; never a browser downloaded by Playwright.
+package; COURSE_CHROMIUM=/path overrides it) and the Playwright Python package; never a browser
+downloaded by Playwright. COURSE_BROWSER_TIMEOUT=<seconds> changes the per-notebook limit.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.browser_support import (CHROMIUM_ARGS, ROOT, LabServer, NotebookDriver, check_notebook,
-                                   chromium_path, copy_course, learner_notebooks,
-                                   mark_graded_cells_may_raise, release_assignments)
+from tests.browser_support import (ROOT, LabServer, NotebookDriver, check_notebook, copy_course,
+                                   launch_chromium, learner_notebooks, mark_graded_cells_may_raise,
+                                   release_assignments)
 
 pytestmark = pytest.mark.browser
 
@@ -74,13 +76,12 @@ def lab(course):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
     pw = sync_playwright().start()
     try:
-        chromium = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS,
-                                      headless=True, timeout=120_000)
+        chromium = launch_chromium(pw, tmp_path_factory.mktemp("chromium-home"))
         try:
             yield chromium
         finally:
@@ -154,7 +155,7 @@ def test_formgrader_lists_the_course_assignments(page, lab):
 # ---------------------------------------------------------------------- every learner notebook
 
 
-@pytest.mark.timeout(PER_NOTEBOOK)
+@pytest.mark.timeout(int(os.environ.get("COURSE_BROWSER_TIMEOUT", PER_NOTEBOOK)))
 @pytest.mark.parametrize("relpath", NOTEBOOKS, ids=str)
 def test_notebook_in_jupyterlab(relpath, page, lab, course):
     """Run All in Lab: every cell runs, errors only in graded cells, plots shown, widgets drive outputs."""
