@@ -159,7 +159,7 @@ def plot_stop_decisions(curves: list[list[float]], global_curve: list[float], th
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3.5), layout="constrained")
+        _, ax = plt.subplots(figsize=(8.5, 3.5), layout="constrained")
     for r, curve in enumerate(curves):
         ax.plot(range(len(curve)), curve, "o-", color=f"C{r}", label=f"rank {r}'s own loss", alpha=0.8)
         below = [i for i, v in enumerate(curve) if v < threshold]
@@ -170,7 +170,7 @@ def plot_stop_decisions(curves: list[list[float]], global_curve: list[float], th
             label="loss over all samples (all_reduce)", linewidth=2)
     ax.axhline(threshold, color="#d1495b", linestyle="--", label=f"threshold {threshold}")
     ax.axvline(stop, color="grey", linestyle=":", linewidth=1.5)
-    ax.text(stop, ax.get_ylim()[1], " every rank stops", va="top", fontsize=9)
+    ax.text(stop, ax.get_ylim()[1], "every rank stops ", va="top", ha="right", fontsize=9)
     ax.set_xticks(range(len(global_curve)))
     ax.set_xlabel("training step")
     ax.set_ylabel("MSE loss")
