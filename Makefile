@@ -38,7 +38,8 @@ setup: $(STAMP)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=. \
-		--LabApp.default_url=/lab/tree/notebooks/start/00_start_here.ipynb
+		--LabApp.default_url=/lab/tree/notebooks/start/00_start_here.ipynb \
+		$(if $(filter 0,$(shell id -u)),--allow-root,)
 
 browser-deps:
 	@command -v chromium >/dev/null || { \
