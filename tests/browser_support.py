@@ -152,6 +152,9 @@ class LabServer:
             JUPYTER_RUNTIME_DIR=str(dirs["runtime"]), IPYTHONDIR=str(dirs["ipython"]),
             MPLCONFIGDIR=str(dirs["mpl"]), JUPYTERLAB_WORKSPACES_DIR=str(dirs["workspaces"]),
             COURSE_QUICK="1", PYTHONDONTWRITEBYTECODE="1",
+            # the copy's helpers, not the repo's (the editable install points at the repo):
+            # kernels see one consistent snapshot of the course
+            PYTHONPATH=os.pathsep.join(filter(None, [str(self.course), os.environ.get("PYTHONPATH")])),
             PYTHONWARNINGS="ignore::DeprecationWarning")
 
     def start(self) -> "LabServer":
