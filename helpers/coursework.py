@@ -29,9 +29,14 @@ def venv_env(**extra) -> dict:
 
 
 def nbgrader(*args, cwd: Path, timeout: float = 900, check: bool = True, env=None,
-             log_level: str = "WARN") -> subprocess.CompletedProcess:
-    """Run one nbgrader command; raise with its output if it fails (when ``check``)."""
-    cmd = [sys.executable, "-m", "nbgrader", *args, f"--log-level={log_level}"]
+             log_level: str | None = "WARN") -> subprocess.CompletedProcess:
+    """Run one nbgrader command; raise with its output if it fails (when ``check``).
+
+    ``log_level=None`` for the commands that take no ``--log-level`` (``validate``).
+    """
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    if log_level is not None:
+        cmd.append(f"--log-level={log_level}")
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=env or venv_env())
     if check and proc.returncode != 0:

@@ -115,10 +115,10 @@ def test_make_check_grades_a_learner_copy_and_points_to_feedback(tmp_path):
 @pytest.mark.parametrize("source", GRADED_SOURCES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_validate_passes_on_solutions_and_fails_on_the_starter(source):
     depth = source.parent.name
-    ok = nbgrader("validate", str(source), cwd=source.parent, log_level="ERROR")
+    ok = nbgrader("validate", str(source), cwd=source.parent, log_level=None)
     assert "Success! Your notebook passes all the tests." in ok.stdout, ok.stdout[-3000:]
     starter = ROOT / "notebooks" / depth / source.name
-    inv = nbgrader("validate", "--invert", str(starter), cwd=starter.parent, log_level="ERROR")
+    inv = nbgrader("validate", "--invert", str(starter), cwd=starter.parent, log_level=None, check=False)
     assert "Success! The notebook does not pass any tests." in inv.stdout, inv.stdout[-3000:]
 
 
