@@ -54,10 +54,12 @@ def test_release_collect_grade_and_feedback_through_an_exchange(tmp_path):
         nbgrader("release_assignment", depth, ex, cwd=course)
 
     homes = {s: tmp_path / s for s in ("alice", "bob")}
+    # each learner has their own nbgrader cache, as separate accounts would
+    cache = {s: f"--Exchange.cache={home / '.nbgrader_cache'}" for s, home in homes.items()}
     for student, home in homes.items():
         home.mkdir()
         for depth in EXERCISE_DEPTHS:
-            nbgrader("fetch_assignment", depth, f"--course={COURSE_ID}", ex, cwd=home)
+            nbgrader("fetch_assignment", depth, f"--course={COURSE_ID}", ex, cache[student], cwd=home)
             assert (home / depth).is_dir()
     # alice writes every answer (the reference solutions); bob submits what he fetched.
     for source in GRADED_SOURCES:
@@ -65,7 +67,8 @@ def test_release_collect_grade_and_feedback_through_an_exchange(tmp_path):
         nbformat.write(fill(mine, reference_answers(source)), mine)
     for student, home in homes.items():
         for depth in EXERCISE_DEPTHS:
-            nbgrader("submit", depth, f"--course={COURSE_ID}", ex, f"--student={student}", cwd=home)
+            nbgrader("submit", depth, f"--course={COURSE_ID}", ex, cache[student],
+                     f"--student={student}", cwd=home)
 
     for depth in EXERCISE_DEPTHS:
         nbgrader("collect", depth, ex, cwd=course)
@@ -75,8 +78,8 @@ def test_release_collect_grade_and_feedback_through_an_exchange(tmp_path):
 
     for student, home in homes.items():
         for depth in EXERCISE_DEPTHS:
-            nbgrader("fetch_feedback", depth, f"--course={COURSE_ID}", ex, f"--student={student}",
-                     cwd=home)
+            nbgrader("fetch_feedback", depth, f"--course={COURSE_ID}", ex, cache[student],
+                     f"--student={student}", cwd=home)
         for source in GRADED_SOURCES:
             pages = list((home / source.parent.name / "feedback").rglob(source.stem + ".html"))
             assert len(pages) == 1, f"{student} got no feedback for {source.name}"
