@@ -294,7 +294,8 @@ _JS = r"""
   const CONTROLS = ['.widget-slider', '.widget-dropdown', '.widget-toggle-buttons',
     '.widget-toggle-button', '.widget-checkbox', '.widget-radio', '.widget-select',
     '.widget-button', '.widget-text', '.widget-play', '.widget-colorpicker', '.widget-datepicker'];
-  const bt = {panel: null, kernelSeen: null, infoOk: null, busy: 0, runDone: false, runs: 0};
+  const bt = {panel: null, kernelSeen: null, infoOk: null, busy: 0, runDone: false, runs: 0, events: [],
+              sent: 0, replied: 0, kernelLost: false};
   const hash = (s) => { let h = 5381; for (let i = 0; i < s.length; i++) h = ((h * 33) ^ s.charCodeAt(i)) >>> 0; return h.toString(16) + ':' + s.length; };
   bt.find = (path) => {
     for (const w of jupyterapp.shell.widgets('main')) {
@@ -307,7 +308,20 @@ _JS = r"""
     const k = bt.kernel();
     if (!k || bt.kernelSeen === k) return k;
     bt.kernelSeen = k;
-    k.statusChanged.connect((_, s) => { if (s === 'busy') bt.busy++; });
+    k.statusChanged.connect((_, s) => {
+      if (s === 'busy') bt.busy++;
+      else if (s !== 'idle') bt.events.push(`${new Date().toISOString()} kernel ${s}`);
+      if (['restarting', 'autorestarting', 'dead'].includes(s)) bt.kernelLost = true;
+    });
+    k.connectionStatusChanged.connect((_, s) => bt.events.push(`${new Date().toISOString()} connection ${s}`));
+    // The kernel's own account of the run: every execute_request sent, every execute_reply back.
+    // (Lab's Run All promise settles at the first error reply and clears the [*] of the cells still
+    // queued, which the kernel then runs anyway: neither says when the run is over.)
+    k.anyMessage.connect((_, {msg, direction}) => {
+      const type = msg.header.msg_type;
+      if (direction === 'send' && type === 'execute_request') bt.sent++;
+      if (direction === 'recv' && type === 'execute_reply') bt.replied++;
+    });
     k.info.then(() => { bt.infoOk = k; });
     return k;
   };
@@ -320,16 +334,17 @@ _JS = r"""
   bt.status = () => { const k = bt.kernel(); return k ? k.status : 'none'; };
   bt.prompts = () => bt.panel.content.widgets.map(c => c.model.type !== 'code' ? null
       : ((c.node.querySelector('.jp-InputPrompt') || {}).textContent || '').trim());
-  bt.started = () => bt.prompts().some(p => p && /\*|\d/.test(p));
+  bt.started = () => bt.sent > 0;
   bt.running = () => bt.prompts().some(p => p && p.includes('*'));
   bt.runAll = () => {
     bt.runDone = false; bt.runError = null; bt.runs++;
     jupyterapp.shell.activateById(bt.panel.id);
     jupyterapp.commands.execute('notebook:run-all-cells').then(
-      r => { bt.runDone = true; bt.runResult = r; },
+      r => { bt.runDone = true; bt.runResult = r; bt.events.push(`${new Date().toISOString()} run-all resolved ${r}`); },
       e => { bt.runDone = true; bt.runError = String(e); });
   };
-  bt.finished = () => bt.runDone && bt.status() === 'idle' && !bt.running();
+  bt.finished = () => bt.kernelLost
+      || (bt.runDone && bt.sent > 0 && bt.replied >= bt.sent && bt.status() === 'idle');
   // The page has caught up with the kernel: every image output drawn, every widget view rendered.
   bt.settled = () => bt.cells().every(c => c.type !== 'code' || (c.imgs >= c.png
       && (!c.widgetViews || c.renderedWidgets > 0) && !c.widgetProblems.includes('Loading widget...')));
@@ -423,7 +438,8 @@ class NotebookDriver:
         except PWTimeout:
             state = self.page.evaluate("() => window.__bt && window.__bt.panel ? "
                                        "{status: __bt.status(), prompts: __bt.prompts(), "
-                                       "runDone: __bt.runDone, runs: __bt.runs} : null")
+                                       "runDone: __bt.runDone, runs: __bt.runs, sent: __bt.sent, "
+                                       "replied: __bt.replied, events: __bt.events} : null")
             raise TimeoutError(f"{self.relpath}: {what} did not happen in {seconds:.0f} s "
                                f"(page state: {state})") from None
 
@@ -639,8 +655,12 @@ def check_notebook(driver: NotebookDriver, source: Path, shot: Path, long_output
 
     # Every cell ran; errors only where the learner's answers go.
     not_run = [c["index"] for c in code if not re.search(r"\d", c["prompt"] or "")]
+    report["events"] = driver.page.evaluate("() => window.__bt.events")
+    if driver.page.evaluate("() => window.__bt.kernelLost"):
+        problems.append(f"the kernel died or restarted during the run: {report['events']}")
     if not_run:
-        problems.append(f"cells that did not run: {not_run}")
+        problems.append(f"cells that did not run: {not_run} (kernel/run events: {report['events']})")
+        report["lab_log"] = driver.lab.log_tail(80)
     problems += _errors_outside(code, graded)
     if graded_cells(source, tests_only=True) and not any(c["errors"] for c in code
                                                          if c["index"] in graded):
