@@ -32,7 +32,9 @@ from tests.browser_support import (ROOT, LabServer, NotebookDriver, check_notebo
                                    launch_chromium, learner_notebooks, mark_graded_cells_may_raise,
                                    release_assignments)
 
-pytestmark = pytest.mark.browser
+# One worker runs them all under `pytest -n N --dist loadgroup` (one Lab, one Chromium); under plain
+# `-n N` each worker that gets some starts its own (correct, just heavier).
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser")]
 
 NOTEBOOKS = learner_notebooks()
 SHOTS = ROOT / "build" / "screenshots"
