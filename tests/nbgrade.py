@@ -66,3 +66,17 @@ def autograde(source: Path, submissions: dict[str, dict[str, str] | None], tmp: 
     nbgrader("autograde", depth, "--force", cwd=course, timeout=timeout)
     seconds = time.monotonic() - t0
     return read_scores(course, depth, source.stem, list(submissions), seconds)
+
+
+def cell_output(nb_path: Path, grade_id: str) -> str:
+    """Everything a graded notebook's cell printed or raised (text, error values, tracebacks)."""
+    nb = nbformat.read(nb_path, as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            parts = []
+            for out in cell.get("outputs", []):
+                parts.append(out.get("text", ""))
+                parts.append(out.get("evalue", ""))
+                parts.extend(out.get("traceback", []))
+            return "\n".join(parts)
+    raise KeyError(grade_id)

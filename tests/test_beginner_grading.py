@@ -8,7 +8,7 @@ import nbformat
 import pytest
 
 from tests.conftest import ROOT
-from tests.nbgrade import autograde
+from tests.nbgrade import autograde, cell_output
 
 EXERCISES = ROOT / "solutions" / "beginner" / "02_exercises.ipynb"
 
@@ -141,19 +141,6 @@ FEEDBACK = {
     ("blank", ONLY_RANK0): "is not written yet",
     ("blank", SAME): "is not written yet",
 }
-
-
-def cell_output(nb_path, grade_id: str) -> str:
-    nb = nbformat.read(nb_path, as_version=4)
-    for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            parts = []
-            for out in cell.get("outputs", []):
-                parts.append(out.get("text", ""))
-                parts.append(out.get("evalue", ""))
-                parts.extend(out.get("traceback", []))
-            return "\n".join(parts)
-    raise KeyError(grade_id)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from tests.conftest import ROOT
-from tests.nbgrade import autograde
+from tests.nbgrade import autograde, cell_output
 
 EXERCISES = ROOT / "solutions" / "developer" / "04_exercises.ipynb"
 
@@ -204,19 +204,6 @@ def answers(student: str) -> dict[str, str] | None:
 
     reference = reference_answers(EXERCISES)
     return {gid: (src if src is not None else reference[gid]) for gid, src in spec.items()}
-
-
-def cell_output(nb_path, grade_id: str) -> str:
-    nb = nbformat.read(nb_path, as_version=4)
-    for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            parts = []
-            for out in cell.get("outputs", []):
-                parts.append(out.get("text", ""))
-                parts.append(out.get("evalue", ""))
-                parts.extend(out.get("traceback", []))
-            return "\n".join(parts)
-    raise KeyError(grade_id)
 
 
 @pytest.fixture(scope="module")
