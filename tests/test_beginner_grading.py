@@ -4,7 +4,6 @@ with feedback that names the mistake; an empty notebook scores nothing."""
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
 from tests.conftest import ROOT

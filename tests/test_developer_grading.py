@@ -8,7 +8,6 @@ functions share a student.
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
 from tests.conftest import ROOT
