@@ -50,3 +50,16 @@ def _repository_stays_clean():
     yield
     new = untracked() - before
     assert not new, f"tests wrote into the repository: {sorted(new)}"
+
+
+# Test modules whose tests share an expensive module-scoped fixture (an autograde of many
+# students, a JupyterLab server) run on one xdist worker each, so the fixture runs once; the
+# notebook executions, which share nothing, are spread over every worker.
+_SPREAD_MODULES = {"test_notebooks.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.name
+        if module not in _SPREAD_MODULES and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(module))
