@@ -32,8 +32,10 @@ from tests.browser_support import (ROOT, LabServer, NotebookDriver, check_notebo
                                    launch_chromium, learner_notebooks, mark_graded_cells_may_raise,
                                    release_assignments)
 
-# One worker runs them all under `pytest -n N --dist loadgroup` (one Lab, one Chromium); under plain
-# `-n N` each worker that gets some starts its own (correct, just heavier).
+# Under `pytest -n N --dist loadgroup` one worker should run them all (one Lab, one Chromium). With
+# pytest 9.2 + pytest-xdist 3.8 loadgroup does not group (pytest-dev/pytest-xdist#1386), so the
+# fixtures below are session-scoped: each worker that gets browser tests starts one Lab and one
+# Chromium, once, whatever other tests it runs in between.
 pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser")]
 
 NOTEBOOKS = learner_notebooks()
@@ -52,7 +54,7 @@ def shot_name(relpath: Path) -> str:
 # ---------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def course(tmp_path_factory):
     """A temporary copy of the course, its assignments released to a temporary exchange."""
     tmp = tmp_path_factory.mktemp("browser")
@@ -63,7 +65,7 @@ def course(tmp_path_factory):
     return {"root": copy, "exchange": tmp / "exchange", "state": tmp / "state"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lab(course):
     server = LabServer(course["root"], course["state"], exchange=course["exchange"])
     try:
@@ -77,7 +79,7 @@ def lab(course):
             warnings.warn(f"had to kill what JupyterLab left running: {killed}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser(tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
