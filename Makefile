@@ -53,13 +53,13 @@ test: $(STAMP) browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 course: $(STAMP)
-	$(BIN)/python -m helpers.course $(if $(QUICK),--quick,)
+	$(BIN)/python -m course_tools.run_notebooks $(if $(QUICK),--quick,)
 
 release: $(STAMP)
-	$(BIN)/python -m helpers.release
+	$(BIN)/python -m course_tools.release
 
 check: $(STAMP)
-	$(BIN)/python -m helpers.selfcheck $(DEPTH)
+	$(BIN)/python -m course_tools.selfcheck $(DEPTH)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -23,7 +23,7 @@ c.Execute.interrupt_on_timeout = True
 # that carry no graded cells, survives a kernel that dies (no later test is counted as
 # passed), kills every process the kernel started, and runs the kernel in a temp folder.
 c.Autograde.autograde_preprocessors = [
-    "helpers.autograde.CourseExecute",
+    "course_tools.autograde.CourseExecute",
     "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import nbformat
 
-from helpers.coursework import ROOT, make_course, nbgrader, read_scores
-from helpers.selfcheck import graded_notebooks
+from course_tools.temp_course import ROOT, make_course, nbgrader, read_scores
+from course_tools.selfcheck import graded_notebooks
 
 HANG = """import torch.distributed as dist
 if dist.is_initialized():

@@ -4,7 +4,7 @@
 generates the learner version with ``nbgrader generate_assignment``, writes one submission per
 student (the learner version with its answer cells filled in), runs ``nbgrader autograde`` once
 for all of them, and returns each student's score per graded cell, read from the gradebook.
-The course machinery itself lives in :mod:`helpers.coursework` (``make check`` uses it too).
+The course machinery itself lives in :mod:`course_tools.temp_course` (``make check`` uses it too).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import nbformat
 
-from helpers.coursework import Graded, nbgrader, read_scores, venv_env  # noqa: F401 - re-exported
-from helpers.coursework import make_course as _make_course
+from course_tools import nbgrader, venv_env  # noqa: F401 - re-exported
+from course_tools.temp_course import Graded, read_scores  # noqa: F401 - re-exported
+from course_tools.temp_course import make_course as _make_course
 
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 

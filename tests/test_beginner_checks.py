@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 from torch import save as bare_save
 
-import helpers.grading
-from helpers import beginner_checks as checks
-from helpers import beginner_data as data
+import helpers.grading.answers
+from helpers.grading import beginner as checks
+from helpers.lessons import beginner as data
 from helpers.spawn import run
 
 # ---------------------------------------------------------------- save_once answers
@@ -111,7 +111,7 @@ def test_every_worker_writing_passes_the_waiting_check():
 
 
 def test_a_barrier_only_rank0_reaches_is_a_bounded_failure(monkeypatch):
-    monkeypatch.setattr(helpers.grading, "GRADER_TIMEOUT", 4.0)
+    monkeypatch.setattr(helpers.grading.answers, "GRADER_TIMEOUT", 4.0)
     with pytest.raises(AssertionError, match=r"Rank 0 was stuck at `dist.barrier\(\)`"):
         checks.check_only_rank0_writes(save_barrier_only_rank0, world_size=3)
 
@@ -247,7 +247,7 @@ def test_pictures_state_the_finding():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from helpers import beginner_pictures as pictures
+    from helpers.lessons import figures as pictures
 
     ax = pictures.plot_worker_losses([0.14, 0.65, 1.83, 3.02], 1.41, "date order")
     assert ax.get_title() == "date order: worker 0 would log 0.14, the truth is 1.41 (10.1x too low)"

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.nbgrade import autograde, cell_output
 
-EXERCISES = ROOT / "solutions" / "beginner" / "02_exercises.ipynb"
+EXERCISES = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
 
 ONLY_RANK0 = "test_save_once_only_rank0_writes"
 WAITS = "test_save_once_everyone_waits"

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.nbgrade import autograde, cell_output
 
-EXERCISES = ROOT / "solutions" / "developer" / "04_exercises.ipynb"
+EXERCISES = ROOT / "solutions" / "developer" / "06_exercises.ipynb"
 
 CONTENTS = "test_save_checkpoint_contents"
 WAITS = "test_save_checkpoint_waits"

@@ -1,5 +1,5 @@
-"""The developer lesson's helper modules, on real ranks: `helpers.developer_demos` (the "GPU"
-checkpoint, running a torchrun script in a pool, the figures) and `helpers.developer_exercises`
+"""The developer lesson's helper modules, on real ranks: `helpers.lessons.developer` (the "GPU"
+checkpoint, running a torchrun script in a pool, the figures) and `helpers.grading.developer`
 (what the graded tests run on every rank)."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers import developer_exercises as ex
-from helpers.developer_demos import (pretend_saved_on, plot_failure_rates, plot_logged_loss,
-                                     plot_reads, plot_stop_decisions, run_script)
+from helpers.grading import developer as ex
+from helpers.lessons.developer import pretend_saved_on, run_script
+from helpers.lessons.figures import plot_failure_rates, plot_logged_loss, plot_reads, plot_stop_decisions
 from helpers.spawn import run
 
 matplotlib.use("Agg")
 
 
-# ----------------------------------------------------------------------------- developer_demos
+# ----------------------------------------------------------------------------- lessons.developer
 
 
 def test_pretend_saved_on_tags_tensors_like_a_gpu_save(tmp_path):
@@ -75,7 +75,7 @@ def test_figures_draw_with_titles():
     plt.close("all")
 
 
-# ----------------------------------------------------------------------------- developer_exercises
+# ----------------------------------------------------------------------------- grading.developer
 
 
 def test_first_difference_names_the_place():
@@ -112,7 +112,7 @@ def test_counting_saves_sees_every_write_however_torch_save_was_imported(tmp_pat
 
 
 def _slow_save_then_read(path, barrier):
-    from helpers.races import try_load
+    from helpers.lessons.races import try_load
 
     calls = []
     dist.barrier()
@@ -191,8 +191,8 @@ def test_stop_harness_passes_answers_through_as_plain_values():
 
 def test_pool_timeout_stays_inside_the_cell_limit(monkeypatch):
     """A hang must be reported by the pool (where each rank waited), not cut off by nbgrader's 30 s."""
-    import helpers.grading
+    import helpers.grading.answers
 
-    assert ex.timeout() == max(ex.TIMEOUT, helpers.grading.GRADER_TIMEOUT) <= 22
-    monkeypatch.setattr(helpers.grading, "GRADER_TIMEOUT", 60.0)
+    assert ex.timeout() == max(ex.TIMEOUT, helpers.grading.answers.GRADER_TIMEOUT) <= 22
+    monkeypatch.setattr(helpers.grading.answers, "GRADER_TIMEOUT", 60.0)
     assert ex.timeout() == 22

@@ -18,8 +18,9 @@ import nbformat
 import psutil
 import pytest
 
-from helpers.coursework import make_course, nbgrader, read_scores
-from helpers.selfcheck import graded_notebooks
+from course_tools import nbgrader
+from course_tools.temp_course import make_course, read_scores
+from course_tools.selfcheck import graded_notebooks
 from tests.conftest import ROOT
 from tests.nbgrade import autograde, fill, reference_answers
 
@@ -102,7 +103,7 @@ def test_make_check_grades_a_learner_copy_and_points_to_feedback(tmp_path):
     answers = reference_answers(source)
     first = next(iter(answers))  # answer only the first exercise
     nbformat.write(fill(mine / source.name, {first: answers[first]}), mine / source.name)
-    out = subprocess.run([sys.executable, "-m", "helpers.selfcheck", depth, "--notebooks", str(mine),
+    out = subprocess.run([sys.executable, "-m", "course_tools.selfcheck", depth, "--notebooks", str(mine),
                           "--feedback", str(tmp_path / "fb")], capture_output=True, text=True,
                          cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr
@@ -145,7 +146,7 @@ def save_once(obj, path):
 
 
 def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
-    source = ROOT / "solutions" / "beginner" / "02_exercises.ipynb"
+    source = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
     witness = tmp_path / "witness"
     witness.mkdir()
     messy = CORRECT_SAVE_ONCE + textwrap.dedent(f"""
@@ -195,7 +196,7 @@ def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
         "a process started by an answer survived grading"
     leftovers = [p for p in graded.course.rglob("left_behind.txt")]
     assert not leftovers, f"an answer's file landed in the course: {leftovers}"
-    autograded = graded.course / "autograded" / "messy" / "beginner" / "02_exercises.ipynb"
+    autograded = graded.course / "autograded" / "messy" / "beginner" / "03_exercises.ipynb"
     nb = nbformat.read(autograded, as_version=4)
     printed = sum(len(o.get("text", "").splitlines()) for c in nb.cells for o in c.get("outputs", []))
     assert printed < 2000, "huge output was not cut"
@@ -208,7 +209,7 @@ def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
 
 
 def test_editing_or_deleting_a_locked_test_cell_changes_nothing(tmp_path):
-    source = ROOT / "solutions" / "beginner" / "02_exercises.ipynb"
+    source = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
     wrong = "def combined_average(loss, count):\n    return loss\n"
     graded = autograde(source, {"honest": {"combined_average": wrong}}, tmp_path / "a")
     course = make_course(tmp_path / "b", ["beginner"])

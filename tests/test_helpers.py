@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import races
+from helpers.lessons import races
 from helpers.grading import feedback_for_hang, run_answer
 from helpers.spawn import HangError, run
 
@@ -132,7 +132,7 @@ def test_plot_hang_draws_one_bar_per_rank_and_states_the_finding():
     import matplotlib
 
     matplotlib.use("Agg")
-    from helpers.plots import hang_title, plot_hang
+    from helpers.lessons.figures import hang_title, plot_hang
 
     with pytest.raises(HangError) as info:
         run(stuck_answer, world_size=3, timeout=2, echo=False)

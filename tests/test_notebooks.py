@@ -49,7 +49,7 @@ def test_learner_notebook_errors_only_in_graded_cells(path, quick_env):
 
 def test_release_matches_solutions(tmp_path):
     """notebooks/ is what `make release` (nbgrader generate_assignment) makes from solutions/."""
-    from helpers.release import generate
+    from course_tools.release import generate
 
     generate(tmp_path)
     made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())

@@ -77,7 +77,7 @@ def test_importing_helpers_changes_nothing():
 
     code = (
         "import random, sys; state = random.getstate(); import helpers, helpers.spawn, "
-        "helpers.races, helpers.grading; "
+        "helpers.lessons.races, helpers.lessons.figures, helpers.grading, helpers.grading.beginner, helpers.grading.developer; "
         "assert random.getstate() == state; "
         "assert 'matplotlib.pyplot' not in sys.modules; "
         "import multiprocessing.forkserver as f; assert f._forkserver._forkserver_pid is None; print('ok')"

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.nbgrade import autograde
 
-SOURCE = ROOT / "solutions" / "researcher" / "04_exercises.ipynb"
+SOURCE = ROOT / "solutions" / "researcher" / "06_exercises.ipynb"
 
 TESTS = {
     "test_pooled_mean_values", "test_pooled_mean_errors",

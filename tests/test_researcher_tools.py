@@ -1,4 +1,4 @@
-"""helpers.researcher_tools (bitwise digests, small tables), and hang reports inside a library that is not torch."""
+"""helpers.lessons.researcher (bitwise digests, small tables), and hang reports inside a library that is not torch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.researcher_tools import digest, median, table
+from helpers.lessons.researcher import digest, median, table
 from helpers.spawn import HangError, run
 
 

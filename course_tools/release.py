@@ -10,45 +10,40 @@ is exactly what this produces.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def venv_env() -> dict:
-    """The environment with this interpreter's bin/ first on PATH (nbgrader runs `alembic` from PATH)."""
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return env
-
-
-def depths(root: Path = ROOT) -> list[str]:
-    """The assignment folders under solutions/, in order."""
-    return sorted(p.name for p in (root / "solutions").iterdir()
-                  if p.is_dir() and not p.name.startswith((".", "_")))
-
+from course_tools import ROOT, depths, nbgrader
 
 def generate(dest: Path, root: Path = ROOT, only: list[str] | None = None) -> None:
     """Write the learner version of every depth (or of ``only`` those) into ``dest/<depth>/``."""
     dest = Path(dest).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         for depth in only or depths(root):
-            cmd = [sys.executable, "-m", "nbgrader", "generate_assignment", depth, "--force",
-                   f"--CourseDirectory.root={root}",
-                   f"--CourseDirectory.release_directory={dest}",
-                   f"--CourseDirectory.db_url=sqlite:///{tmp}/gradebook.db",
-                   "--log-level=WARN"]
-            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=venv_env())
-            if proc.returncode != 0:
-                raise RuntimeError(f"nbgrader generate_assignment {depth} failed:\n"
-                                   f"{proc.stdout}\n{proc.stderr}")
+            nbgrader("generate_assignment", depth, "--force", f"--CourseDirectory.root={root}",
+                     f"--CourseDirectory.release_directory={dest}",
+                     f"--CourseDirectory.db_url=sqlite:///{tmp}/gradebook.db", cwd=root)
             for junk in (dest / depth).rglob("__pycache__"):
                 shutil.rmtree(junk)
+
+
+def _is_released_depth(folder: Path) -> bool:
+    """A folder this tool wrote: it holds notebooks, and each carries nbgrader's cell metadata."""
+    import json
+
+    notebooks = list(folder.glob("*.ipynb"))
+    if not notebooks:
+        return False
+    for nb in notebooks:
+        try:
+            cells = json.loads(nb.read_text()).get("cells", [])
+        except (OSError, ValueError):
+            return False
+        if not any("nbgrader" in c.get("metadata", {}) for c in cells):
+            return False
+    return True
 
 
 def main(argv=None) -> int:
@@ -56,6 +51,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dest", default=str(ROOT / "notebooks"), help="release folder")
     ap.add_argument("depth", nargs="*", help="only these depths (default: all)")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.depth) - set(depths()))
+    if unknown:
+        ap.error(f"unknown depth(s) {', '.join(unknown)}: choose from {', '.join(depths())}")
     dest = Path(args.dest)
     staged = Path(tempfile.mkdtemp(prefix="release-"))
     try:
@@ -65,8 +63,9 @@ def main(argv=None) -> int:
                 shutil.rmtree(dest / made.name)
             shutil.copytree(made, dest / made.name)
         for old in (p for p in dest.iterdir() if p.is_dir()) if dest.exists() else []:
-            if not (ROOT / "solutions" / old.name).is_dir():
-                shutil.rmtree(old)  # a depth removed from solutions/
+            # a depth removed from solutions/; any other folder in dest is not ours to delete
+            if not (ROOT / "solutions" / old.name).is_dir() and _is_released_depth(old):
+                shutil.rmtree(old)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     for depth in args.depth or depths():

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from course_tools import ROOT
 
 
 def notebooks(trees=("solutions", "notebooks")) -> list[Path]:

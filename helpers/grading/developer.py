@@ -1,5 +1,5 @@
 """What the graded tests of the developer lesson run on every rank
-(``solutions/developer/04_exercises.ipynb``).
+(``solutions/developer/06_exercises.ipynb``).
 
 Each ``*_harness`` function is sent to a real gloo pool by ``helpers.grading.run_answer``
 together with the learner's function. It sets up what a training job would have at that
@@ -23,6 +23,8 @@ import os
 import tempfile
 from typing import Any, Iterator
 
+from helpers.lessons.developer import first_difference, same
+
 __all__ = ["TIMEOUT", "timeout", "fresh_path", "same", "first_difference", "save_harness", "write_checkpoint",
            "load_harness", "stop_harness", "weighted_loss", "counting_saves"]
 
@@ -38,7 +40,7 @@ TIMEOUT = 15.0
 def timeout() -> float:
     """The pool timeout for these tests: :data:`TIMEOUT`, or more if ``COURSE_GRADER_TIMEOUT`` says so
     (capped at 22 s, inside the cell limit)."""
-    from helpers.grading import GRADER_TIMEOUT
+    from helpers.grading.answers import GRADER_TIMEOUT
 
     return min(max(TIMEOUT, GRADER_TIMEOUT), 22.0)
 
@@ -49,40 +51,6 @@ def timeout() -> float:
 def fresh_path(name: str = "ckpt.pt") -> str:
     """A path in a new temporary folder (nothing exists there yet)."""
     return os.path.join(tempfile.mkdtemp(prefix="grader-"), name)
-
-
-def first_difference(a: Any, b: Any, where: str = "") -> str | None:
-    """Where two (nested) state dicts differ, e.g. ``"['state'][0]['momentum_buffer']"``; None if equal."""
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return where or "(top level)"
-        if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
-            return where or "(top level)"
-        return None
-    if isinstance(a, dict) and isinstance(b, dict):
-        if set(a) != set(b):
-            return f"{where} keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
-        for k in a:
-            found = first_difference(a[k], b[k], f"{where}[{k!r}]")
-            if found:
-                return found
-        return None
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if len(a) != len(b):
-            return f"{where} (length {len(a)} vs {len(b)})"
-        for i, (x, y) in enumerate(zip(a, b)):
-            found = first_difference(x, y, f"{where}[{i}]")
-            if found:
-                return found
-        return None
-    return None if a == b else (where or "(top level)")
-
-
-def same(a: Any, b: Any) -> bool:
-    """True when two (nested) state dicts hold equal tensors and values under the same keys."""
-    return first_difference(a, b) is None
 
 
 def _optimizer(kind: str, params):
@@ -104,7 +72,7 @@ def _clone(state):
 
 def _write_slowly(data: bytes, target, chunks: int, pause: float) -> None:
     """Write ``data`` to a path or an open file in ``chunks`` flushed pieces, pausing between them
-    (the loop of :func:`helpers.races.slow_save`, for bytes that are already serialised)."""
+    (the loop of :func:`helpers.lessons.races.slow_save`, for bytes that are already serialised)."""
     import time
 
     step = max(1, -(-len(data) // chunks))
@@ -176,7 +144,7 @@ def save_harness(save_checkpoint, path: str, step: int, slow: bool = False,
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from helpers.races import try_load
+    from helpers.lessons.races import try_load
 
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -203,13 +171,13 @@ def save_harness(save_checkpoint, path: str, step: int, slow: bool = False,
 def write_checkpoint(path: str, step: int, optimizer: str = "sgd", on: str | None = None) -> dict:
     """Write a checkpoint as rank 0 of a finished job would (three steps of training), in this process.
 
-    ``on="cuda:0"`` makes it look saved on a GPU (see :func:`helpers.developer_demos.pretend_saved_on`).
+    ``on="cuda:0"`` makes it look saved on a GPU (see :func:`helpers.lessons.developer.pretend_saved_on`).
     Returns what was saved.
     """
     import torch
     import torch.nn as nn
 
-    from helpers.developer_demos import pretend_saved_on
+    from helpers.lessons.developer import pretend_saved_on
 
     torch.manual_seed(0)
     model = nn.Linear(4, 1)

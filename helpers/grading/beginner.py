@@ -1,4 +1,4 @@
-"""Checks for the beginner exercises (``notebooks/beginner/02_exercises.ipynb``).
+"""Checks for the beginner exercises (``notebooks/beginner/03_exercises.ipynb``).
 
 Each check runs the learner's function on every rank of a real gloo pool (through
 :func:`helpers.grading.run_answer`, so a hang ends at the grader's timeout and a crash names
@@ -9,7 +9,7 @@ beginner can act on.
   ``torch.save`` (it is watched inside every rank, however it was imported), and does the
   file hold rank 0's object.
 * :func:`check_everyone_waits` -- ``save_once(obj, path)``: rank 0's ``torch.save`` is made
-  slow (:func:`helpers.races.slow_torch_save`) and every rank opens the file the moment
+  slow (:func:`helpers.lessons.races.slow_torch_save`) and every rank opens the file the moment
   ``save_once`` returns, so an answer without a barrier fails every time.
 * :func:`check_combined_average` -- ``combined_average(loss, count)``: the same correct
   number on every rank; the usual wrong numbers are recognised and explained.
@@ -42,7 +42,7 @@ def recording_saves(fn, log: list, slow: dict | None = None):
     import torch
     import torch.serialization
 
-    from helpers.races import slow_save, slow_torch_save
+    from helpers.lessons.races import slow_save, slow_torch_save
 
     original = torch.save
     with contextlib.ExitStack() as stack:
@@ -98,7 +98,7 @@ def _waits_in_rank(save_once, path, chunks, pause):
     import torch
     import torch.distributed as dist
 
-    from helpers.races import try_load
+    from helpers.lessons.races import try_load
 
     rank = dist.get_rank()
     obj = {"weights": torch.arange(2000.0), "step": 7}  # the same on every rank, as in DDP

@@ -17,24 +17,15 @@ from pathlib import Path
 
 import nbformat
 
-from helpers.coursework import ROOT, exercise_of, make_course, nbgrader, read_scores
+from course_tools import ROOT, answer_ids, depths, has_graded_cells, nbgrader
+from course_tools.temp_course import exercise_of, make_course, read_scores
 
 STUDENT = "me"
 
 
-def answer_ids(path: Path) -> list[str]:
-    nb = nbformat.read(path, as_version=4)
-    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
-            if c.metadata.get("nbgrader", {}).get("solution")]
-
-
 def graded_notebooks(folder: Path) -> list[Path]:
-    out = []
-    for path in sorted(folder.glob("*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
-        if any(c.metadata.get("nbgrader", {}).get("grade") for c in nb.cells):
-            out.append(path)
-    return out
+    return [p for p in sorted(folder.glob("*.ipynb"))
+            if has_graded_cells(nbformat.read(p, as_version=4))]
 
 
 def check(depth: str, notebooks: Path | None = None, feedback_dir: Path | None = None,
@@ -43,8 +34,7 @@ def check(depth: str, notebooks: Path | None = None, feedback_dir: Path | None =
     notebooks = Path(notebooks or ROOT / "notebooks" / depth)
     feedback_dir = Path(feedback_dir or ROOT / "build" / "feedback" / depth)
     if not (ROOT / "solutions" / depth).is_dir():
-        raise SystemExit(f"unknown depth {depth!r}: choose one of "
-                         f"{sorted(p.name for p in (ROOT / 'solutions').iterdir() if p.is_dir())}")
+        raise SystemExit(f"unknown depth {depth!r}: choose one of {depths()}")
     mine = graded_notebooks(notebooks)
     if not mine:
         raise SystemExit(f"no notebook with graded exercises in {notebooks}")
@@ -67,7 +57,7 @@ def check(depth: str, notebooks: Path | None = None, feedback_dir: Path | None =
 
     table: dict[str, list[float]] = {}
     for path in mine:
-        ids = answer_ids(path)
+        ids = answer_ids(nbformat.read(path, as_version=4))
         for test_id, score in graded.scores[STUDENT].items():
             if graded.notebook_of[test_id] != path.stem:
                 continue

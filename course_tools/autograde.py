@@ -29,11 +29,9 @@ from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 
-__all__ = ["CourseExecute", "has_graded_cells"]
+from course_tools import has_graded_cells
 
-
-def has_graded_cells(nb) -> bool:
-    return any(c.metadata.get("nbgrader", {}).get("grade") for c in nb.cells)
+__all__ = ["CourseExecute"]
 
 
 def _error(ename: str, evalue: str) -> NotebookNode:

@@ -1,4 +1,4 @@
-"""Run nbgrader on a temporary copy of the course: the engine of ``make check`` and of the grading tests.
+"""A temporary nbgrader course: the engine of ``make check`` and of the grading tests.
 
 A temporary course holds ``solutions/<depth>/`` (the instructor notebooks, so locked test
 cells are restored from them and hidden tests run) and the course's ``nbgrader_config.py``;
@@ -8,41 +8,13 @@ cells are restored from them and hidden tests run) and the course's ``nbgrader_c
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from course_tools import ROOT, nbgrader
 
-__all__ = ["nbgrader", "venv_env", "make_course", "read_scores", "Graded", "exercise_of"]
-
-
-def venv_env(**extra) -> dict:
-    """This environment, with this interpreter's bin/ first on PATH (nbgrader calls `alembic`)."""
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.update(extra)
-    return env
-
-
-def nbgrader(*args, cwd: Path, timeout: float = 900, check: bool = True, env=None,
-             log_level: str | None = "WARN") -> subprocess.CompletedProcess:
-    """Run one nbgrader command; raise with its output if it fails (when ``check``).
-
-    ``log_level=None`` for the commands that take no ``--log-level`` (``validate``).
-    """
-    cmd = [sys.executable, "-m", "nbgrader", *args]
-    if log_level is not None:
-        cmd.append(f"--log-level={log_level}")
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=env or venv_env())
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"nbgrader {' '.join(args)} failed ({proc.returncode}):\n"
-                           f"{proc.stdout}\n{proc.stderr}")
-    return proc
+__all__ = ["make_course", "read_scores", "Graded", "exercise_of"]
 
 
 def make_course(tmp: Path, depths: list[str], root: Path = ROOT) -> Path:
