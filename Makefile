@@ -44,10 +44,11 @@ lab: $(STAMP)
 		--LabApp.default_url=/lab/tree/notebooks/start/00_start_here.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root,)
 
-browser-deps:
-	@command -v chromium >/dev/null || { \
-		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
-		else echo "The browser test needs Debian's chromium: sudo apt-get install chromium"; exit 1; fi; }
+browser-deps: $(STAMP)
+	@$(BIN)/python -m course_tools.browser >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+		else $(BIN)/python -m course_tools.browser; exit 1; fi; }
 
 test: $(STAMP) browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

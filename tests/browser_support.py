@@ -30,7 +30,6 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"  # Debian's package (`make test` installs it when missing)
 # Without the networking flags Chromium floods a closed network with connection attempts.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
@@ -48,13 +47,15 @@ LAB_OVERRIDES = {
 
 
 def chromium_path() -> str:
-    """The browser to drive: $COURSE_CHROMIUM if set, else Debian's /usr/bin/chromium."""
-    path = os.environ.get("COURSE_CHROMIUM") or CHROMIUM
-    if not os.access(path, os.X_OK):
+    """The browser to drive (see :func:`course_tools.browser.find_chromium`)."""
+    from course_tools.browser import find_chromium
+
+    path = find_chromium()
+    if path is None:
         raise FileNotFoundError(
-            f"{path} not found: the browser test drives Debian's chromium "
+            "no Chromium or Chrome found for the browser test: install Debian's chromium "
             "(`sudo apt-get install chromium`; `make test` does it when run as root), "
-            "or set COURSE_CHROMIUM to another Chromium/Chrome binary")
+            "or set COURSE_CHROMIUM to a Chromium/Chrome binary")
     return path
 
 
