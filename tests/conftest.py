@@ -53,13 +53,24 @@ def _repository_stays_clean():
 
 
 # Test modules whose tests share an expensive module-scoped fixture (an autograde of many
-# students, a JupyterLab server) run on one xdist worker each, so the fixture runs once; the
-# notebook executions, which share nothing, are spread over every worker.
-_SPREAD_MODULES = {"test_notebooks.py"}
+# students, a JupyterLab server) must run on one xdist worker each, so that the fixture runs
+# once. xdist's `loadgroup` does not group them with the pinned versions
+# (pytest-dev/pytest-xdist#1386), so the course schedules by scope itself: a module is one
+# unit of work, except the modules listed here, whose tests are spread one by one over every
+# worker (notebook runs share nothing; each worker that gets browser tests starts its own Lab
+# and Chromium once, a few seconds, since those fixtures are session-scoped).
+_SPREAD_MODULES = {"test_notebooks.py", "test_browser.py"}
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = item.path.name
-        if module not in _SPREAD_MODULES and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(module))
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        """One unit per module; in a spread module, one unit per test."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if module.rsplit("/", 1)[-1] in _SPREAD_MODULES else module
+
+    return ModuleScheduling(config, log)

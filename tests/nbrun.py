@@ -21,16 +21,18 @@ def run_papermill(path: Path, out: Path, **parameters) -> tuple[nbformat.Noteboo
     return nbformat.read(out, as_version=4), time.monotonic() - t0
 
 
-def run_allowing_errors(path: Path) -> nbformat.NotebookNode:
-    """Run every cell even after errors; used for learner notebooks with empty answers."""
-    from nbclient import NotebookClient
+def run_allowing_errors(path: Path, **parameters) -> nbformat.NotebookNode:
+    """Run every cell even after errors; used for learner notebooks with empty answers.
 
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:  # what papermill does with QUICK=True: inject after the parameters
-        if "parameters" in cell.metadata.get("tags", []):
-            idx = nb.cells.index(cell)
-            nb.cells.insert(idx + 1, nbformat.v4.new_code_cell("QUICK = True"))
-            break
+    The parameters are injected by papermill (``QUICK=True`` by default), exactly as
+    :func:`run_papermill` does; nbclient then runs the notebook, errors allowed.
+    """
+    from nbclient import NotebookClient
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    nb = parameterize_notebook(load_notebook_node(str(path)), {"QUICK": True, **parameters},
+                               kernel_name="python3", language="python")
     client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()

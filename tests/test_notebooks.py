@@ -1,7 +1,8 @@
 """Every notebook of the course, discovered automatically: a new lesson is covered with no edit here.
 
 - instructor versions (solutions/) execute clean under papermill, from their own folder, with QUICK=True;
-- learner versions (notebooks/) execute with errors only in graded cells (their answers are empty);
+- learner versions with answer cells (the exercises) execute with errors only in graded cells (their
+  answers are empty); learner lessons are their instructor version, unchanged;
 - notebooks/ is exactly what nbgrader generates from solutions/, and holds no solution or hidden test;
 - every notebook is committed without outputs or execution counts, and has a `parameters` cell.
 """
@@ -35,16 +36,36 @@ def test_solution_notebook_executes_clean(path, tmp_path, quick_env):
     print(f"{rel(path)}: {seconds:.1f} s")
 
 
+def _has_answer_cells(path) -> bool:
+    from course_tools import is_answer_cell
+
+    return any(is_answer_cell(c) for c in nbformat.read(path, as_version=4).cells)
+
+
+WITH_ANSWERS = [p for p in RELEASED if _has_answer_cells(p)]
+LESSONS = [p for p in RELEASED if p not in WITH_ANSWERS]
+
+
 @pytest.mark.notebook
-@pytest.mark.parametrize("path", RELEASED, ids=rel)
+@pytest.mark.parametrize("path", WITH_ANSWERS, ids=rel)
 def test_learner_notebook_errors_only_in_graded_cells(path, quick_env):
-    """A learner who has written nothing yet sees errors only in the graded cells."""
+    """A learner who has written nothing yet sees errors only in the graded cells, and the tests fail."""
     nb = run_allowing_errors(path)
     bad = [(i, msg) for i, cell, msg in errors(nb) if not is_graded(cell)]
     assert not bad, f"errors outside graded cells in {rel(path)}: {bad}"
     graded_tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     if graded_tests:
         assert errors(nb), "the empty answers should make the graded tests fail"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=rel)
+def test_learner_lesson_is_its_solution_notebook(path):
+    """A lesson without answer cells reaches the learner unchanged, so executing the instructor
+    version (above) and the browser test (every learner notebook in JupyterLab) cover it."""
+    source = ROOT / "solutions" / path.relative_to(ROOT / "notebooks")
+    got = [(c.cell_type, c.source) for c in nbformat.read(path, as_version=4).cells]
+    want = [(c.cell_type, c.source) for c in nbformat.read(source, as_version=4).cells]
+    assert got == want, f"{rel(path)} differs from {rel(source)}: run `make release`"
 
 
 def test_release_matches_solutions(tmp_path):
