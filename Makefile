@@ -10,9 +10,9 @@ STAMP := $(VENV)/.installed
 PORT ?= 8888
 DEPTH ?= developer
 # Most of the suite waits (on timeouts the tests provoke, kernels, slow writes), so three
-# workers finish it in well under half the time while the two cores stay busy. The browser
-# tests share one JupyterLab and one Chromium, so they stay together on one worker (loadgroup).
-PYTEST_ARGS ?= -n 3 --dist loadgroup --durations=15
+# workers finish it in well under half the time while the two cores stay busy. Which tests
+# share a worker is decided in tests/conftest.py (one worker per module with a shared fixture).
+PYTEST_ARGS ?= -n 3 --durations=15
 export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: help setup lab test course release bench check browser-deps clean

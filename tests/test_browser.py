@@ -32,11 +32,10 @@ from tests.browser_support import (ROOT, LabServer, NotebookDriver, check_notebo
                                    launch_chromium, learner_notebooks, mark_graded_cells_may_raise,
                                    release_assignments)
 
-# Under `pytest -n N --dist loadgroup` one worker should run them all (one Lab, one Chromium). With
-# pytest 9.2 + pytest-xdist 3.8 loadgroup does not group (pytest-dev/pytest-xdist#1386), so the
-# fixtures below are session-scoped: each worker that gets browser tests starts one Lab and one
-# Chromium, once, whatever other tests it runs in between.
-pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser")]
+# The fixtures below are session-scoped: each xdist worker that gets browser tests (they are
+# spread over the workers, see tests/conftest.py) starts one Lab and one Chromium, once,
+# whatever other tests it runs in between.
+pytestmark = [pytest.mark.browser]
 
 NOTEBOOKS = learner_notebooks()
 SHOTS = ROOT / "build" / "screenshots"
