@@ -20,7 +20,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 help:
 	@echo "make lab        set up .venv and open JupyterLab at the start notebook"
 	@echo "make test       set up .venv and run the whole test suite"
-	@echo "make course     execute every notebook with papermill into build/ (QUICK=1 for CI sizes)"
+	@echo "make course     execute every notebook with papermill into build/ (QUICK=1 for CI sizes, ONLY=text to pick)"
 	@echo "make release    regenerate notebooks/ from solutions/ with nbgrader"
 	@echo "make check      grade your own copy: make check DEPTH=developer"
 	@echo "make bench      benchmarks (pool start-up, grading time)"
@@ -54,7 +54,7 @@ test: $(STAMP) browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 course: $(STAMP)
-	$(BIN)/python -m course_tools.run_notebooks $(if $(QUICK),--quick,)
+	$(BIN)/python -m course_tools.run_notebooks $(if $(QUICK),--quick,) $(if $(ONLY),--only $(ONLY),)
 
 release: $(STAMP)
 	$(BIN)/python -m course_tools.release

@@ -17,12 +17,12 @@ CANDIDATES = ("/usr/bin/chromium", "chromium", "chromium-browser", "google-chrom
               "google-chrome-stable", "chrome")
 
 
-def find_chromium() -> str | None:
+def find_chromium(candidates=CANDIDATES) -> str | None:
     """The path of a Chromium-family browser, or ``None``."""
     chosen = os.environ.get("COURSE_CHROMIUM")
     if chosen:
         return chosen if os.access(chosen, os.X_OK) else None
-    for name in CANDIDATES:
+    for name in candidates:
         path = name if os.path.isabs(name) else shutil.which(name)
         if path and os.access(path, os.X_OK):
             return path

@@ -40,18 +40,23 @@ def main(argv=None) -> int:
     ap.add_argument("--tree", choices=["solutions", "notebooks"], action="append",
                     help="which tree(s) to run (default: solutions; learner versions have empty answers)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per cell")
+    ap.add_argument("--only", metavar="TEXT", help="only notebooks whose path contains TEXT")
+    ap.add_argument("--out", type=Path, default=ROOT / "build", help="where the executed copies go")
     args = ap.parse_args(argv)
     trees = args.tree or ["solutions"]
+    chosen = [p for p in notebooks(trees) if not args.only or args.only in str(p.relative_to(ROOT))]
+    if not chosen:
+        ap.error(f"no notebook matches --only {args.only!r}")
     rows, failed = [], 0
-    for path in notebooks(trees):
+    for path in chosen:
         rel = path.relative_to(ROOT)
-        status, seconds = execute(path, ROOT / "build" / rel, args.quick, args.timeout)
+        status, seconds = execute(path, args.out / rel, args.quick, args.timeout)
         failed += status != "ok"
         rows.append((str(rel), seconds, status))
         print(f"{str(rel):<55} {seconds:7.1f} s  {status}", flush=True)
     total = sum(s for _, s, _ in rows)
     print(f"{'total':<55} {total:7.1f} s  {len(rows) - failed} ok, {failed} failed")
-    print(f"executed notebooks are in {ROOT / 'build'}")
+    print(f"executed notebooks are in {args.out}")
     return 1 if failed else 0
 
 
