@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,53 @@ RELEASED = sorted((ROOT / "notebooks").rglob("*.ipynb"))
 
 def rel(p: Path) -> str:
     return str(p.relative_to(ROOT))
+
+
+# Every temporary file of the run (tests, kernels, ranks, graders, browsers: they all honour
+# TMPDIR) goes into one folder made for this run. At the end, the controller lists what is still
+# there besides pytest's own tmp_path folders: each is something that did not clean up after
+# itself, and fails the run. Then the folder is removed, so a run leaves nothing behind.
+_RUN_TMP = "COURSE_TEST_TMPDIR"
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or os.environ.get(_RUN_TMP):
+        return  # an xdist worker: it inherited the controller's folder
+    run_tmp = tempfile.mkdtemp(prefix="course-tests-")
+    os.environ[_RUN_TMP] = os.environ["TMPDIR"] = run_tmp
+    tempfile.tempdir = None  # forget the cached default
+    config._course_run_tmp = run_tmp
+
+
+# pytest's own tmp_path folders, and torch's compile cache (made once per user by importing
+# torch._dynamo, reused by every later process: a cache, not a leak).
+_NOT_LEFTOVERS = ("pytest-of-", "torchinductor_")
+#: Until every part of the course cleans up (the lead turns this on), leftovers are reported only.
+_LEFTOVERS_FAIL = False
+
+
+def _leftovers(run_tmp: str) -> list[str]:
+    return sorted(name for name in os.listdir(run_tmp) if not name.startswith(_NOT_LEFTOVERS))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    run_tmp = getattr(session.config, "_course_run_tmp", None)
+    if not run_tmp or not os.path.isdir(run_tmp):
+        return
+    left = _leftovers(run_tmp)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"temporary files left behind by the run (each should have been "
+                                f"removed by what made it): {left}", red=True)
+        if _LEFTOVERS_FAIL and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config):
+    run_tmp = getattr(config, "_course_run_tmp", None)
+    if run_tmp:
+        shutil.rmtree(run_tmp, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
