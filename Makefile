@@ -39,7 +39,13 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
-lab: $(STAMP)
+# make lab's local nbgrader exchange (course_tools/lab.py): released again when a notebook changes.
+LAB_CONFIG := build/lab-config
+$(LAB_CONFIG)/nbgrader_config.py: $(STAMP) $(wildcard notebooks/*/*)
+	$(BIN)/python -m course_tools.lab >/dev/null
+
+lab: $(STAMP) $(LAB_CONFIG)/nbgrader_config.py
+	JUPYTER_CONFIG_PATH=$(abspath $(LAB_CONFIG))$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH} \
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=. \
 		--LabApp.default_url=/lab/tree/notebooks/start/00_start_here.ipynb \
 		$(if $(filter 0,$(shell id -u)),--allow-root,)

@@ -1,4 +1,5 @@
-"""`make lab` serves JupyterLab on 127.0.0.1, opening at the start notebook, with nbgrader's server extensions."""
+"""`make lab` serves JupyterLab on 127.0.0.1, opening at the start notebook, with nbgrader's server
+extensions and a local exchange, so the learner's Assignment List lists the course's assignments."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import signal
 import socket
 import subprocess
 import time
+import json
 import urllib.request
 
+from course_tools import depths
 from tests.conftest import ROOT
 
 
@@ -53,6 +56,13 @@ def test_make_lab_serves_the_start_notebook(tmp_path):
         text = "".join(log)
         for ext in ("formgrader", "assignment_list", "validate_assignment"):
             assert f"nbgrader.server_extensions.{ext} | extension was successfully loaded" in text
+        # What Nbgrader > Assignment List asks the server: every depth is released, none missing.
+        listed = f"http://127.0.0.1:{port}/assignments?course_id=one-rank&token={token}"
+        with urllib.request.urlopen(listed, timeout=120) as r:
+            answer = json.loads(r.read())
+        assert answer["success"] is True, answer["value"]
+        released = {a["assignment_id"] for a in answer["value"] if a["status"] == "released"}
+        assert released == set(depths(ROOT)), answer["value"]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
