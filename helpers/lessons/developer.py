@@ -64,25 +64,28 @@ class _Tee(io.TextIOBase):
             s.flush()
 
 
-def run_script(script: str, workdir: str) -> list[str]:
+def run_script(script: str, workdir: str, args: tuple = ()) -> list[str]:
     """Run a torchrun-style script unchanged inside the calling rank, from ``workdir``.
 
     Meant for ``helpers.spawn.run(run_script, path, workdir, init_process_group=False)``:
     the pool sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``... as torchrun does, and the script
     calls ``dist.init_process_group`` itself. Its output still streams into the cell; the
-    printed lines are also returned, so the notebook can assert them.
+    printed lines are also returned, so the notebook can assert them. ``args`` are the script's
+    command-line arguments (its ``sys.argv[1:]``, e.g. ``("--backend", "gloo")``); a rank would
+    otherwise see the notebook kernel's own arguments.
     """
     import runpy
 
     script = os.path.abspath(script)
     captured = io.StringIO()
     os.chdir(workdir)
-    old = sys.stdout
+    old, old_argv = sys.stdout, sys.argv
     sys.stdout = _Tee(old, captured)
+    sys.argv = [script, *args]
     try:
         runpy.run_path(script, run_name="__main__")
     finally:
-        sys.stdout = old
+        sys.stdout, sys.argv = old, old_argv
     return captured.getvalue().splitlines()
 
 
