@@ -89,7 +89,11 @@ PATH_WORDS = {"path", "file", "filename", "fname", "ckpt", "checkpoint", "dir", 
               "output", "dest", "destination", "target", "log", "logdir", "save", "pt", "pth", "json", "csv",
               "txt", "npy", "tmp", "staging"}
 
+PER_PROCESS_TEMP = {"tempfile.mkdtemp", "tempfile.mkstemp", "tempfile.NamedTemporaryFile",
+                    "tempfile.TemporaryDirectory", "tempfile.TemporaryFile", "tempfile.mktemp"}
+
 MAIN, OTHER = "main", "other"
+SAME = "same on every rank"
 
 
 def _identifier_words(name: str) -> set[str]:
@@ -123,8 +127,10 @@ def _targets(target, value, out: dict):
             and target.value.id == "self":
         out.setdefault("self." + target.attr, []).append(value)
     elif isinstance(target, (ast.Tuple, ast.List)):
-        values = value.elts if isinstance(value, (ast.Tuple, ast.List)) and \
-            len(value.elts) == len(target.elts) else [None] * len(target.elts)
+        if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
+            values = value.elts
+        else:       # a, b = f(...): each name comes from the call (for what it is reduced or made from)
+            values = [value if isinstance(value, ast.Call) else None] * len(target.elts)
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
                 value.func.attr == "prepare" and len(value.args) == len(target.elts):
             # model, opt = accelerator.prepare(model, opt): each target is prepare(<its argument>)
@@ -409,7 +415,14 @@ class Program:
         if lk and lk[0] == "rank":
             if isinstance(right, ast.Constant) and isinstance(right.value, int) \
                     and not isinstance(right.value, bool):
-                return ("bool", *_rank_vs_const(op, right.value))
+                r0, ro = _rank_vs_const(op, right.value)
+                if r0 is not None and r0 == ro:
+                    return ("const", r0)           # rank != -1: true on every rank
+                return ("bool", r0, ro)
+            if isinstance(right, ast.UnaryOp) and isinstance(right.op, ast.USub) and \
+                    isinstance(right.operand, ast.Constant) and isinstance(right.operand.value, int):
+                r0, ro = _rank_vs_const(op, -right.operand.value)
+                return ("const", r0) if r0 is not None and r0 == ro else ("bool", r0, ro)
             if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)) \
                     and all(isinstance(x, ast.Constant) for x in right.elts):
                 vals = [x.value for x in right.elts]
@@ -448,13 +461,40 @@ class Program:
         return False
 
     def condition(self, test, scope, side: str):
-        """(depends on the rank, value on this side: True/False/None)."""
-        k = _as_bool(self.kind(test, scope))
+        """(depends on the rank, value on this side).
+
+        The value is True/False when the rank decides it, ``SAME`` when the rank parts are decided
+        and the rest is data every rank shares (``rank == 0 and step % 10 == 0`` on a rank other
+        than 0 is False; on rank 0 it is SAME: every rank 0 takes it at the same steps), and None
+        when it depends on the rank in a way this analysis cannot decide.
+        """
+        v = self._cond(test, scope, side)
+        if v is SAME:
+            return (self.kind(test, scope) is not None or self.rankish(test)), SAME
+        return True, v
+
+    def _cond(self, e, scope, side):
+        if isinstance(e, ast.BoolOp):
+            vals = [self._cond(v, scope, side) for v in e.values]
+            stop = isinstance(e.op, ast.And) is False       # `or` stops at True, `and` at False
+            if stop in vals:
+                return stop
+            if None in vals:
+                return None
+            if SAME in vals:
+                return SAME
+            return not stop
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+            v = self._cond(e.operand, scope, side)
+            return v if v in (None, SAME) else not v
+        k = _as_bool(self.kind(e, scope))
         if k and k[0] == "bool":
-            return True, (k[1] if side == MAIN else k[2])
-        if self.rankish(test):
-            return True, None
-        return False, None
+            return k[1] if side == MAIN else k[2]
+        if k and k[0] == "const":
+            return bool(k[1])
+        if self.rankish(e):
+            return None
+        return SAME
 
 
 def _side(k, i):
@@ -497,6 +537,9 @@ def _combine(ks, is_and: bool):
 
 def _rank_vs_const(op, c: int):
     """(value on rank 0, value on any other rank) of ``rank <op> c``."""
+    if c < 0:      # a rank is never negative: rank == -1 is false everywhere
+        return {ast.Eq: (False, False), ast.NotEq: (True, True), ast.Gt: (True, True),
+                ast.GtE: (True, True), ast.Lt: (False, False), ast.LtE: (False, False)}.get(type(op), (None, None))
     table = {
         ast.Eq: (c == 0, False if c == 0 else None),
         ast.NotEq: (c != 0, True if c == 0 else None),
@@ -620,7 +663,7 @@ class Facts:
         if self.prog.references_rank(expr, scope):
             return True
         for n in ast.walk(expr):
-            if isinstance(n, ast.Call) and (self.prog.qualname(n.func) or "").startswith("tempfile."):
+            if isinstance(n, ast.Call) and (self.prog.qualname(n.func) or "") in PER_PROCESS_TEMP:
                 return True
             if isinstance(n, ast.Name) and depth < 2:
                 found = self.prog.values_of(n.id, scope)
@@ -743,6 +786,8 @@ class Walk:
             self.record(st.test, uncertain)
             dep, value = self.prog.condition(st.test, self.scope, self.side)
             key = f"if{id(st)}"
+            if value is SAME:
+                dep = False
             if dep and value is not None:
                 ex = self.walk(st.body if value else st.orelse, uncertain)
                 if ex and not uncertain:
@@ -924,7 +969,11 @@ class Analysis:
     def ork101(self):
         for s in self.prog.scopes:
             m, o = self.walks[id(s)]
-            a, b = [t for t, _ in m.tokens], [t for t, _ in o.tokens]
+            # A call both walks reach is the same event on every rank: it can only match itself.
+            # A call only one walk reaches may match another one-sided call of the same collective
+            # (``if rank != 0: barrier()`` ... ``if rank == 0: barrier()``).
+            a = [t + (f"#{id(n)}" if n is not None and id(n) in o.reached else "") for t, n in m.tokens]
+            b = [t + (f"#{id(n)}" if n is not None and id(n) in m.reached else "") for t, n in o.tokens]
             sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
             matched_a, matched_b = set(), set()
             for block in sm.get_matching_blocks():
@@ -984,7 +1033,7 @@ class Analysis:
         names: set[str] = set()
         for n in own_nodes(s.node):
             if isinstance(n, ast.Call) and self._is_reducer(n, s):
-                for a in list(n.args) + [k.value for k in n.keywords]:
+                for a in self._reduced_args(n, s):
                     names |= {x.id for x in ast.walk(a) if isinstance(x, ast.Name)}
         changed = True
         while changed:
@@ -1001,6 +1050,43 @@ class Analysis:
                         changed = True
                         break
         return names
+
+    def _reduced_args(self, call, s) -> list:
+        """The arguments a reducing call changes in place (its result is reduced in any case).
+
+        ``dist.all_reduce(t)`` reduces ``t``; ``dist.all_gather(out, t)`` fills ``out``;
+        ``accelerator.gather(x)`` returns the gathered value and leaves ``x`` alone; a function of
+        this file reduces the parameters it hands to an in-place collective; an unknown
+        ``reduce_*``/``*_gather``/``sync*`` function is taken to reduce all its arguments.
+        """
+        args = list(call.args) + [k.value for k in call.keywords]
+        c = self.facts.collective(call, s)
+        if c and c.startswith("dist."):
+            return args[:1]
+        if c:
+            return []
+        fns = self.prog.resolve_functions(call, s)
+        if fns:
+            out = []
+            for f in fns:
+                params = [a.arg for a in f.node.args.posonlyargs + f.node.args.args]
+                if f.cls is not None and params[:1] == ["self"]:
+                    params = params[1:]
+                inplace = self._inplace_params(f)
+                out += [a for p, a in zip(params, call.args) if p in inplace]
+                out += [k.value for k in call.keywords if k.arg in inplace]
+            return out
+        return args
+
+    def _inplace_params(self, f: Scope) -> set[str]:
+        out = set()
+        for n in own_nodes(f.node):
+            if isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Name) \
+                    and n.args[0].id in f.params:
+                c = self.facts.collective(n, f)
+                if c and c.startswith("dist."):
+                    out.add(n.args[0].id)
+        return out
 
     def _is_reducer(self, call, s) -> bool:
         c = self.facts.collective(call, s)
@@ -1096,7 +1182,7 @@ class Analysis:
             base = (dotted(f.value) or "").split(".")[-1].lower()
             if f.attr in LOG_METHODS and "log" in base:
                 return True
-            if f.attr == "log" and self.facts.accelerator(f.value, s):
+            if f.attr in ("log", "print") and self.facts.accelerator(f.value, s):
                 return True
         return False
 
@@ -1148,11 +1234,15 @@ class Analysis:
         return out
 
     def _loop_syncs(self, loop, s, has_ddp) -> bool:
+        """Does the loop run a collective, or DDP's backward (here or in a function of this file it calls)?"""
         for n in ast.walk(loop):
             if isinstance(n, ast.Call):
                 if self.facts.collective(n, s) or self.facts.inner_collective(n, s):
                     return True
-                if has_ddp and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
+                if has_ddp and _backward(n):
+                    return True
+                if has_ddp and any(_backward(x) for f in self.prog.resolve_functions(n, s)
+                                   for x in own_nodes(f.node) if isinstance(x, ast.Call)):
                     return True
         return False
 
@@ -1165,7 +1255,9 @@ class Analysis:
         if found and found[0] and not found[1] and all(v is not None for v in found[0]):
             values = sorted(found[0], key=_pos)
             before = [v for v in values if _pos(v) < _pos(expr)]
-            return bool(self._wraps((before or values)[-1], s, d))     # the latest assignment decides
+            wraps = self._wraps((before or values)[-1], s, d)      # the latest assignment decides
+            if wraps is not None:
+                return wraps
         short = d.split(".")[-1].lower()
         return bool(DDP_NAME_RE.match(short)) and not any(w in short for w in UNWRAPPED_WORDS)
 
@@ -1179,6 +1271,9 @@ class Analysis:
             if isinstance(v.func, ast.Attribute) and v.func.attr == "prepare" and \
                     self.facts.accelerator(v.func.value, s) and len(v.args) == 1:
                 return "model" in (dotted(v.args[0]) or "").lower()
+            if isinstance(v.func, ast.Attribute) and v.func.attr in ("unwrap_model", "to", "cuda", "cpu"):
+                return False
+            return None          # made by a call this file does not explain: the name decides
         return False
 
     def _saved_objects(self, call, s):
@@ -1253,6 +1348,10 @@ class Analysis:
             rule()
         unique = {(f.cell or 0, f.line, f.col, f.code): f for f in self.findings}
         return sorted(unique.values(), key=lambda f: (f.cell or 0, f.line, f.col, f.code))
+
+
+def _backward(call) -> bool:
+    return isinstance(call.func, ast.Attribute) and call.func.attr == "backward"
 
 
 def _neutral(v) -> bool:
