@@ -1,5 +1,5 @@
 """Plumbing for the developer lesson's demos (``solutions/developer/01_save_log_resume.ipynb``,
-``02_common_mistakes.ipynb``, ``03_sharded_checkpoints.ipynb``).
+``02_common_mistakes.ipynb``, ``03_sharded_checkpoints.ipynb``, ``05_checkpointing_in_practice.ipynb``).
 
 The lesson's point (the ``if rank == 0:`` save, the ``dist.barrier()``, the ``[sum, count]``
 all_reduce) is written in the notebooks' own cells; this module only holds what is not the
@@ -17,7 +17,8 @@ import os
 import sys
 from typing import Any, Iterator
 
-__all__ = ["pretend_saved_on", "run_script", "first_difference", "same"]
+__all__ = ["pretend_saved_on", "run_script", "first_difference", "same", "sigkill_mid_write",
+           "folder", "file_mode", "plain_open_mode", "toy_job", "scheduler_sends_sigterm", "tiny_ddp", "seed_all"]
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -124,3 +125,143 @@ def first_difference(a: Any, b: Any, where: str = "") -> str | None:
 def same(a: Any, b: Any) -> bool:
     """True when two (nested) state dicts hold equal tensors and values under the same keys."""
     return first_difference(a, b) is None
+
+
+# ----------------------------------------------------------------------------- checkpointing in practice
+# (05_checkpointing_in_practice.ipynb)
+
+
+@contextlib.contextmanager
+def sigkill_mid_write(fraction: float = 0.5) -> Iterator[None]:
+    """Inside this block, the first ``torch.save`` to a file gets its process killed half-way.
+
+    ``fraction`` of the checkpoint's bytes reach the file (handed to the operating system, as a
+    real write in progress has), then the process sends itself a real ``SIGKILL``: no Python
+    code runs after it, no ``finally``, no cleanup, exactly as when the kernel's out-of-memory
+    killer or a node failure stops a job. A real kill lands at a random moment; this one lands
+    in the middle of the write on every run, the moment that matters.
+
+    The hook is ``torch.serialization._open_zipfile_writer``, which ``torch.save`` looks up at
+    every call (to a path or to an open file). Saves into memory (``io.BytesIO``) are left alone.
+    """
+    import signal
+
+    import torch.serialization as ser
+
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction must be between 0 and 1 (a part of the file), got {fraction}")
+    original = ser._open_zipfile_writer
+
+    class DiesMidway:
+        def __init__(self, target):
+            self.target, self.buffer = target, io.BytesIO()
+            self.inner = ser._open_zipfile_writer_buffer(self.buffer)
+
+        def __enter__(self):
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            self.inner.__exit__(*exc)
+            if exc[0] is not None:
+                return
+            data = self.buffer.getvalue()
+            part = data[:int(len(data) * fraction)]
+            if isinstance(self.target, (str, os.PathLike)):
+                with open(self.target, "wb") as f:
+                    f.write(part)
+            else:
+                self.target.write(part)
+                self.target.flush()
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def opener(target):
+        if isinstance(target, io.BytesIO):
+            return original(target)
+        return DiesMidway(target)
+
+    ser._open_zipfile_writer = opener
+    try:
+        yield
+    finally:
+        ser._open_zipfile_writer = original
+
+
+def folder(path: str) -> list[str]:
+    """The names in ``path``, sorted (an empty list if it does not exist)."""
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def file_mode(path: str) -> str:
+    """A file's permission bits as ``ls -l`` shows them, e.g. ``"rw-r--r--"``."""
+    import stat
+
+    return stat.filemode(os.stat(path).st_mode)[1:]
+
+
+def plain_open_mode() -> str:
+    """The permissions a plain ``open(path, "w")`` gives a new file in this process: 0o666 minus the umask."""
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return stat.filemode(stat.S_IFREG | (0o666 & ~mask))[1:]
+
+
+def toy_job():
+    """The model, optimizer and data set of the exact-resume demo; identical on every rank.
+
+    A small regression network with dropout (so each step draws random numbers), SGD with
+    momentum (so the optimizer has state), and 48 samples. Seeds only its own generators
+    (``torch.manual_seed(0)`` for the weights, as the lessons' scripts do); the per-rank
+    randomness of training is seeded by the notebook.
+    """
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(48, 8, generator=g), torch.randn(48, 1, generator=g))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return model, opt, data
+
+
+def scheduler_sends_sigterm(step: int, at_step: int, to_rank: int) -> None:
+    """Play the scheduler: deliver a real ``SIGTERM`` to rank ``to_rank`` when it reaches ``at_step``.
+
+    A cluster scheduler (or ``torchrun``'s agent, which forwards the signal to its workers)
+    sends ``SIGTERM`` when it wants a job's processes to stop, and ``SIGKILL`` after a grace
+    period. It arrives at whatever step each process happens to be in; here it arrives at a
+    known step of one rank, so that the demo repeats exactly.
+    """
+    import signal
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == to_rank and step == at_step:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def tiny_ddp(lr: float = 0.1):
+    """A DDP-wrapped ``nn.Linear(8, 1)`` (seed 0, the same on every rank) and its SGD optimizer."""
+    import torch
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(8, 1))
+    return ddp, torch.optim.SGD(ddp.parameters(), lr=lr)
+
+
+def seed_all(seed: int) -> None:
+    """Seed torch's, numpy's and Python's global generators with ``seed``."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)

@@ -10,6 +10,8 @@ title that states the finding; the ranks, the ``if rank == 0:`` save, the barrie
   :func:`plot_timeline`, :func:`how_far`: the beginner lesson (``beginner/01_one_rank_writes``).
 * :func:`plot_reads`, :func:`plot_failure_rates`, :func:`plot_logged_loss`,
   :func:`plot_stop_decisions`: the developer lesson (``developer/02_common_mistakes``).
+* :func:`plot_resume`: exact resume (``developer/05_checkpointing_in_practice``); :func:`plot_waste`:
+  how often to save (``researcher/05_how_often_to_save``).
 
 Importing this module imports nothing heavy and changes no plotting settings.
 """
@@ -23,7 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PALETTE", "OUTCOME_COLORS", "worker_colour", "plot_hang", "hang_title", "how_far",
            "plot_read_outcomes", "plot_report", "plot_worker_losses", "plot_exam", "plot_timeline",
-           "plot_reads", "plot_failure_rates", "plot_logged_loss", "plot_stop_decisions"]
+           "plot_reads", "plot_failure_rates", "plot_logged_loss", "plot_stop_decisions", "plot_resume",
+           "plot_waste"]
 
 #: The course's colours: what went right, what was not there yet, what went wrong, the truth
 #: (the number over all samples), and a rank that is neither right nor wrong.
@@ -304,4 +307,48 @@ def plot_stop_decisions(curves: list[list[float]], global_curve: list[float], th
     ax.set_ylabel("MSE loss")
     ax.set_title(title, fontsize=11)
     ax.legend(fontsize=8, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return ax
+
+
+# ----------------------------------------------------------------------------- checkpointing in practice
+# developer/05_checkpointing_in_practice and researcher/05_how_often_to_save
+
+
+def plot_resume(full: list[float], first: list[float], right: list[float], wrong: list[float],
+                title: str, ax=None):
+    """One rank's loss per step: the uninterrupted run, the run stopped at ``len(first)`` steps,
+    and two resumptions of it (every rank's RNG state restored, or rank 0's only)."""
+    ax = _axes(ax, (8.5, 3.4))
+    stop = len(first)
+    ax.plot(range(len(full)), full, "-", color=_TRUTH, linewidth=6, alpha=0.25,
+            label="uninterrupted run")
+    ax.plot(range(stop), first, "o", color=PALETTE["neutral"], label="first job, stopped here")
+    ax.plot(range(stop, stop + len(right)), right, "o", color=_OK,
+            label="resumed with every rank's RNG state")
+    ax.plot(range(stop, stop + len(wrong)), wrong, "x", color=_TORN, markersize=8,
+            label="resumed with rank 0's RNG state only")
+    ax.axvline(stop - 0.5, color="grey", linestyle=":", linewidth=1.5)
+    ax.text(stop - 0.5, ax.get_ylim()[1], " stop / resume", va="top", fontsize=9)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("this rank's loss")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return ax
+
+
+def plot_waste(intervals, simulated, model, young: float, best: float, title: str, ax=None):
+    """Wasted time (as a share of the useful work) against the checkpoint interval: the
+    simulation's points, the first-order model's curve, Young's interval and the simulated best."""
+    ax = _axes(ax, (8, 3.8))
+    ax.plot(intervals, [100 * w for w in model], "-", color=PALETTE["neutral"], linewidth=2,
+            label="first-order model: C/τ + τ/(2M)")
+    ax.plot(intervals, [100 * w for w in simulated], "o", color=_TRUTH, markersize=5,
+            label="simulated failures (mean)")
+    ax.axvline(young, color=_OK, linestyle="--", linewidth=2, label=f"Young: √(2CM) = {young:.3g}")
+    ax.axvline(best, color=_MISSING, linestyle=":", linewidth=2, label=f"simulated best = {best:.3g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("checkpoint interval τ (seconds of computation between saves)")
+    ax.set_ylabel("wasted time (% of the work)")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, frameon=False)
     return ax
