@@ -23,7 +23,7 @@ help:
 	@echo "make course     execute every notebook with papermill into build/ (QUICK=1 for CI sizes, ONLY=text to pick)"
 	@echo "make release    regenerate notebooks/ from solutions/ with nbgrader"
 	@echo "make check      grade your own copy: make check DEPTH=developer"
-	@echo "make bench      benchmarks (pool start-up, grading time)"
+	@echo "make bench      benchmarks (pool start-up, grading time, lint time)"
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is needed, found " + sys.version.split()[0] + ": run make PYTHON=/path/to/python3.11")'

@@ -8,7 +8,7 @@ from bench import pool
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--only", choices=["pool", "grading"], help="run one benchmark")
+    ap.add_argument("--only", choices=["pool", "grading", "lint"], help="run one benchmark")
     args = ap.parse_args(argv)
     ok = True
     if args.only in (None, "pool"):
@@ -20,6 +20,10 @@ def main(argv=None) -> int:
             print(f"grading benchmark unavailable: {e}")
         else:
             ok &= grading.main()
+    if args.only in (None, "lint"):
+        from bench import lint
+
+        ok &= lint.main()
     return 0 if ok else 1
 
 

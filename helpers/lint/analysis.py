@@ -153,6 +153,18 @@ def own_nodes(node: ast.AST) -> Iterator[ast.AST]:
         stack.extend(reversed(list(ast.iter_child_nodes(n))))
 
 
+_OWN_CACHE_ATTR = "_ork_own"
+
+
+def _own(node: ast.AST) -> list:
+    """:func:`own_nodes` of a scope, computed once (kept on the node, so it lives as long as the tree)."""
+    cached = getattr(node, _OWN_CACHE_ATTR, None)
+    if cached is None:
+        cached = list(own_nodes(node))
+        setattr(node, _OWN_CACHE_ATTR, cached)
+    return cached
+
+
 def calls_in(node: ast.AST) -> list[ast.Call]:
     """The calls of one statement or expression in evaluation order (arguments before the call)."""
     out: list[ast.Call] = []
@@ -227,7 +239,7 @@ class Program:
                 if a:
                     scope.params.add(a.arg)
             self.functions.setdefault(node.name, []).append(scope)
-        for n in own_nodes(node):
+        for n in _own(node):
             if isinstance(n, ast.Assign):
                 for t in n.targets:
                     _targets(t, n.value, scope.assigns)
@@ -246,7 +258,7 @@ class Program:
             for k, v in scope.assigns.items():
                 if k.startswith("self."):
                     ca.setdefault(k, []).extend(v)
-        for n in own_nodes(node):
+        for n in _own(node):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self._collect_scopes(n, scope, None)
             elif isinstance(n, ast.ClassDef):
@@ -331,7 +343,7 @@ class Program:
             if self._env_rank(e):
                 return ("rank",)
             for fn in self.resolve_functions(e, scope):
-                rets = [n.value for n in own_nodes(fn.node) if isinstance(n, ast.Return) and n.value]
+                rets = [n.value for n in _own(fn.node) if isinstance(n, ast.Return) and n.value]
                 kinds = {self.kind(r, fn) for r in rets}
                 if len(kinds) == 1 and None not in kinds:
                     return kinds.pop()
@@ -597,7 +609,7 @@ class Facts:
             for s in self.prog.scopes:
                 if isinstance(s.node, ast.Module) or id(s) in self.collective_fns:
                     continue
-                for n in own_nodes(s.node):
+                for n in _own(s.node):
                     if isinstance(n, ast.Call):
                         c = self.collective(n, s) or self.inner_collective(n, s)
                         if c:
@@ -852,7 +864,7 @@ class Analysis:
                       for s in self.prog.scopes}
         self.call_scope: dict[int, Scope] = {}
         for s in self.prog.scopes:
-            for n in own_nodes(s.node):
+            for n in _own(s.node):
                 if isinstance(n, ast.Call):
                     self.call_scope[id(n)] = s
         self.distributed = self._distributed_scopes()
@@ -861,7 +873,7 @@ class Analysis:
 
     # -- which code runs in the ranks
     def _uses_dist(self, scope: Scope) -> bool:
-        for n in own_nodes(scope.node):
+        for n in _own(scope.node):
             if isinstance(n, ast.Call):
                 q = self.prog.qualname(n.func) or ""
                 if q.startswith("torch.distributed.") or q in DIST_SETUP or self.facts.collective(n, scope):
@@ -873,7 +885,7 @@ class Analysis:
 
     def _setup_calls(self, scope) -> bool:
         return any(isinstance(n, ast.Call) and (self.prog.qualname(n.func) or "") in DIST_SETUP
-                   for n in own_nodes(scope.node))
+                   for n in _own(scope.node))
 
     def _distributed_scopes(self) -> set[int]:
         prog = self.prog
@@ -889,7 +901,7 @@ class Analysis:
                     seeds.add(id(s))
             elif self._uses_dist(s):
                 seeds.add(id(s))
-            for n in own_nodes(s.node):
+            for n in _own(s.node):
                 if isinstance(n, ast.Call) and (prog.qualname(n.func) or "") in SPAWNERS and n.args:
                     if isinstance(n.args[0], ast.Name):
                         seeds.update(id(f) for f in prog.functions.get(n.args[0].id, []))
@@ -902,7 +914,7 @@ class Analysis:
         while frontier:
             s = by_id[frontier.pop()]
             callees = []
-            for n in own_nodes(s.node):
+            for n in _own(s.node):
                 if isinstance(n, ast.Call):
                     callees += prog.resolve_functions(n, s)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -918,7 +930,7 @@ class Analysis:
         prog = self.prog
         sites: dict[int, list[tuple[ast.AST, Scope]]] = {}
         for s in prog.scopes:
-            for n in own_nodes(s.node):
+            for n in _own(s.node):
                 if isinstance(n, ast.Call):
                     for f in prog.resolve_functions(n, s):
                         sites.setdefault(id(f), []).append((n, s))
@@ -1031,7 +1043,7 @@ class Analysis:
     # -- ORK104 / ORK105: local metrics
     def _reduced_names(self, s: Scope) -> set[str]:
         names: set[str] = set()
-        for n in own_nodes(s.node):
+        for n in _own(s.node):
             if isinstance(n, ast.Call) and self._is_reducer(n, s):
                 for a in self._reduced_args(n, s):
                     names |= {x.id for x in ast.walk(a) if isinstance(x, ast.Name)}
@@ -1080,7 +1092,7 @@ class Analysis:
 
     def _inplace_params(self, f: Scope) -> set[str]:
         out = set()
-        for n in own_nodes(f.node):
+        for n in _own(f.node):
             if isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Name) \
                     and n.args[0].id in f.params:
                 c = self.facts.collective(n, f)
@@ -1109,7 +1121,7 @@ class Analysis:
     def _compute_local_metrics(self, s: Scope) -> set[str]:
         reduced = self._reduced_names(s)
         backward = set()
-        for n in own_nodes(s.node):
+        for n in _own(s.node):
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
                 inner = n.func.value
                 if isinstance(inner, ast.Call) and inner.args:        # scaler.scale(loss).backward()
@@ -1158,7 +1170,7 @@ class Analysis:
     def _returns_local(self, call, s) -> bool:
         for f in self.prog.resolve_functions(call, s):
             local = self._local_metrics(f)
-            rets = [n.value for n in own_nodes(f.node) if isinstance(n, ast.Return) and n.value is not None]
+            rets = [n.value for n in _own(f.node) if isinstance(n, ast.Return) and n.value is not None]
             if rets and all(any(isinstance(x, ast.Name) and x.id in local for x in ast.walk(r)) and
                             not isinstance(r, ast.Tuple) for r in rets):
                 return True
@@ -1193,7 +1205,7 @@ class Analysis:
             local = self._local_metrics(s)
             if not local:
                 continue
-            for n in own_nodes(s.node):
+            for n in _own(s.node):
                 if not (isinstance(n, ast.Call) and self._sink(n, s)):
                     continue
                 args = list(n.args) + [k.value for k in n.keywords]
@@ -1212,7 +1224,7 @@ class Analysis:
             local = self._local_metrics(s) | self._returned_locals(s)
             if not local:
                 continue
-            for loop in own_nodes(s.node):
+            for loop in _own(s.node):
                 if not isinstance(loop, (ast.For, ast.AsyncFor, ast.While)):
                     continue
                 if not self._loop_syncs(loop, s, has_ddp):
@@ -1242,7 +1254,7 @@ class Analysis:
                 if has_ddp and _backward(n):
                     return True
                 if has_ddp and any(_backward(x) for f in self.prog.resolve_functions(n, s)
-                                   for x in own_nodes(f.node) if isinstance(x, ast.Call)):
+                                   for x in _own(f.node) if isinstance(x, ast.Call)):
                     return True
         return False
 
@@ -1284,7 +1296,7 @@ class Analysis:
             and self.facts.accelerator(call.func.value, s))
         if not is_save:
             for f in self.prog.resolve_functions(call, s):
-                for n in own_nodes(f.node):
+                for n in _own(f.node):
                     if isinstance(n, ast.Call) and (self.prog.qualname(n.func) or "") == "torch.save" and \
                             n.args and isinstance(n.args[0], ast.Starred):
                         is_save = True
@@ -1308,7 +1320,7 @@ class Analysis:
             for v in found:
                 if v is not None:
                     yield from self._state_dicts(v, s, depth + 1)
-            for n in own_nodes(s.node):            # snapshot["MODEL"] = ddp.state_dict()
+            for n in _own(s.node):            # snapshot["MODEL"] = ddp.state_dict()
                 if isinstance(n, ast.Assign):
                     for t in n.targets:
                         if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == obj.id:
@@ -1316,7 +1328,7 @@ class Analysis:
 
     def ork106(self):
         for s in self.prog.scopes:
-            for n in own_nodes(s.node):
+            for n in _own(s.node):
                 if not isinstance(n, ast.Call):
                     continue
                 for obj in self._saved_objects(n, s):
@@ -1329,7 +1341,7 @@ class Analysis:
         for s in self.prog.scopes:
             if id(s) not in self.distributed:
                 continue
-            for n in own_nodes(s.node):
+            for n in _own(s.node):
                 if isinstance(n, ast.Call) and (self.prog.qualname(n.func) or "") == "torch.load":
                     if len(n.args) >= 2 or any(k.arg in ("map_location", None) for k in n.keywords):
                         continue
