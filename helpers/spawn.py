@@ -8,6 +8,17 @@ them into a fresh gloo process group (set up exactly as ``torchrun`` would: ``RA
 on every rank, streams every rank's output into the calling cell, and returns the ranks'
 return values in rank order.
 
+``run(fn, world_size=4, nproc_per_node=2)`` lays the ranks out as two simulated nodes of two,
+with the variables ``torchrun --nnodes=2 --nproc_per_node=2`` gives each worker
+(``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` = the node's index, ``GROUP_WORLD_SIZE``,
+``ROLE_*``, ``TORCHELASTIC_*``), and gives each node its own scratch folder in the environment
+variable ``NODE_LOCAL_DIR`` (created empty before the ranks start, removed when the pool ends):
+work done once per node (a download, a cache) goes there, by local rank 0.
+
+``run(fn, plain_results=True)`` is for callers that must not trust the ranks' code (grading):
+results must be plain data and are read with ``torch.load(weights_only=True)``. Whatever the
+option, every message from a rank (results, errors, timings) is decoded without pickle.
+
 How it stays fast and safe from a notebook kernel:
 
 * Ranks are forked from a *fork server* that imported torch once and never ran a torch op,
@@ -41,10 +52,15 @@ from multiprocessing import context as mp_context, popen_forkserver
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-__all__ = ["run", "HangError", "WorkerError", "RankState", "MAX_WORLD_SIZE", "live_ranks",
+from helpers._pool import messages as _messages
+
+__all__ = ["run", "HangError", "WorkerError", "RankRaised", "RankDied", "UnsendableResult",
+           "BadMessage", "RankState", "MAX_WORLD_SIZE", "NODE_LOCAL_DIR", "live_ranks",
            "warm_up"]
 
 MAX_WORLD_SIZE = 32
+#: The environment variable that holds each simulated node's own scratch folder.
+NODE_LOCAL_DIR = "NODE_LOCAL_DIR"
 # Imported once by the fork server, so no rank pays for them. torch._dynamo is imported by
 # DDP's constructor and costs about 1.5 s of CPU per rank otherwise.
 _PRELOAD = ["helpers.spawn", "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
@@ -120,9 +136,11 @@ class HangError(TimeoutError):
 
 
 class WorkerError(RuntimeError):
-    """A rank raised an exception, died, or returned something that cannot be sent back.
+    """A rank raised an exception, died, or sent back something that cannot be used.
 
     ``rank``, ``exc_type``, ``exc_message`` and ``remote_traceback`` describe the first failure.
+    Catch a subclass to tell the cases apart: :class:`RankRaised`, :class:`RankDied`,
+    :class:`UnsendableResult`, :class:`BadMessage`.
     """
 
     def __init__(self, rank: int, exc_type: str, exc_message: str, remote_traceback: str = "",
@@ -137,6 +155,66 @@ class WorkerError(RuntimeError):
             text += f"\n\n--- traceback on rank {rank} ---\n{remote_traceback.rstrip()}"
         text += "\n\nThe other ranks were stopped; no process is left."
         super().__init__(text)
+
+
+class RankRaised(WorkerError):
+    """``fn`` raised an exception on ``rank`` (``SystemExit`` included).
+
+    ``exc_type`` is the exception's class name; the exception object itself stays in the rank.
+    """
+
+
+class RankDied(WorkerError):
+    """The rank's process ended without reporting a result: a crash, ``os._exit``, a kill.
+
+    ``exitcode`` is the process's exit code, negative for a signal (``-9`` for SIGKILL);
+    ``remote_traceback`` holds its last stderr lines. ``exc_type`` is ``"ProcessDied"``.
+    """
+
+    def __init__(self, rank: int, exitcode: int | None, stderr_tail: str):
+        self.exitcode = exitcode
+        if exitcode is not None and exitcode < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-exitcode).name}"
+            except ValueError:
+                how = f"was killed by signal {-exitcode}"
+        else:
+            how = f"exited with code {exitcode} before returning"
+        super().__init__(
+            rank, "ProcessDied", how, stderr_tail,
+            summary=(f"rank {rank} {how} (a crash in C++ code, os._exit, or the machine "
+                     "killing it). Its last stderr lines follow."),
+        )
+
+
+class UnsendableResult(WorkerError):
+    """What ``fn`` returned on ``rank`` cannot be sent back or read safely.
+
+    ``type_name`` names the offending type (``"threading.Lock"``); ``exc_message`` says why.
+    With ``plain_results=True`` anything but plain data ends here.
+    """
+
+    def __init__(self, rank: int, type_name: str, reason: str, advice: str):
+        self.type_name = type_name
+        super().__init__(
+            rank, "TypeError", reason,
+            summary=f"rank {rank} returned a {type_name}, which {reason}. {advice}",
+        )
+
+
+class BadMessage(WorkerError):
+    """Rank ``rank`` wrote bytes on its result pipe that are not a message of the pool.
+
+    Only code that writes on the pool's private pipe does this (never a normal function);
+    the bytes were decoded as JSON only, so nothing they hold ran in the caller.
+    """
+
+    def __init__(self, rank: int, what: str):
+        super().__init__(
+            rank, "BadMessage", what,
+            summary=(f"rank {rank} wrote something on the pool's result pipe that is not a "
+                     f"message of the pool: {what}. It was not read further."),
+        )
 
 
 # ----------------------------------------------------------------------------- the rank side
@@ -164,10 +242,53 @@ def _install_parent_death_signal() -> None:
         pass
 
 
-def _rank_main(rank: int, world_size: int, payload: bytes, env: dict, cwd: str,
-               path: list, out: _Fd, err: _Fd, stacks: _Fd, release: _Fd,
-               results: Connection, options: dict) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where one rank sits: its global rank and, on its simulated node, its local rank."""
+
+    rank: int
+    world_size: int
+    nproc_per_node: int
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.nproc_per_node
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.nproc_per_node
+
+    @property
+    def nnodes(self) -> int:
+        return self.world_size // self.nproc_per_node
+
+    def environment(self, port: int, run_id: str, node_dir: str, error_file: str) -> dict[str, str]:
+        """The variables torchrun's elastic agent sets for this worker (torch 2.13,
+        ``LocalElasticAgent._start_workers``), plus the node's scratch folder."""
+        return {
+            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank), "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
+            "GROUP_RANK": str(self.node), "GROUP_WORLD_SIZE": str(self.nnodes),
+            "ROLE_NAME": "default", "ROLE_RANK": str(self.rank),
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RUN_ID": run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": "True",  # the caller hosts the store, as the agent does
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+            "TORCHELASTIC_ERROR_FILE": error_file,
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            NODE_LOCAL_DIR: node_dir,
+        }
+
+
+def _rank_main(rank: int, payload: bytes, env: dict, cwd: str, path: list,
+               out: _Fd, err: _Fd, stacks: _Fd, release: _Fd, results: _Fd,
+               options: dict) -> None:
     """Entry point of one rank, inside a process forked by the fork server."""
+    from helpers._pool import messages
+
+    started = time.monotonic()
     server_pid = os.getppid()
     _install_parent_death_signal()
     if os.getppid() != server_pid:  # parent died before the signal was armed
@@ -184,17 +305,11 @@ def _rank_main(rank: int, world_size: int, payload: bytes, env: dict, cwd: str,
     stack_file = open(stacks.take(), "w", closefd=False)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     faulthandler.enable(file=sys.stderr, all_threads=False)  # a segfault prints its stack
+    result_fd = results.take()
 
     os.environ.clear()
     os.environ.update(env)
-    os.environ.update({
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
-        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(options["port"]),
-        "TORCHELASTIC_USE_AGENT_STORE": "True",  # the kernel hosts the store, as torchrun's agent does
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": str(options["threads"]),
-    })
+    os.environ.update({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(options["threads"])})
     if options["detail"]:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     sys.path[:] = path
@@ -219,22 +334,18 @@ def _rank_main(rank: int, world_size: int, payload: bytes, env: dict, cwd: str,
             dist.init_process_group(
                 "gloo", timeout=datetime.timedelta(seconds=options["group_timeout"])
             )
+        messages.send(result_fd, messages.Joined(time.monotonic() - started))
+        t0 = time.monotonic()
         value = fn(*args, **kwargs)
         sys.stdout.flush()
         sys.stderr.flush()
-        try:
-            blob = cloudpickle.dumps(value)
-        except Exception as e:  # noqa: BLE001 - reported to the caller
-            results.send(("unsendable", type(value).__qualname__, f"{type(e).__name__}: {e}",
-                          time.monotonic() - t0))
-        else:
-            results.send(("ok", blob, time.monotonic() - t0))
+        msg = _result_message(value, options["plain"], time.monotonic() - t0)
     except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
         sys.stdout.flush()
         sys.stderr.flush()
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
-        results.send(("error", type(e).__qualname__, str(e), tb,
-                      time.monotonic() - t0))
+        msg = messages.Raised(time.monotonic() - t0, type(e).__qualname__, str(e), tb)
+    messages.send(result_fd, msg)
     sys.stdout.flush()
     sys.stderr.flush()
     # Stay alive until every rank has finished: a peer that exits early would make the
@@ -243,14 +354,31 @@ def _rank_main(rank: int, world_size: int, payload: bytes, env: dict, cwd: str,
         os.read(release.take(), 1)
     except OSError:
         pass
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - the pool is ending anyway
-        pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _result_message(value: Any, plain: bool, seconds: float):
+    """``value`` serialised once with the pool's codec, or why it cannot be."""
+    from helpers._pool import messages
+
+    if plain:
+        bad = messages.find_unplain(value)
+        if bad is not None:
+            where, type_name = bad
+            inside = "" if where == "value" else f" (at {where.replace('value', 'the result', 1)})"
+            return messages.Unsendable(seconds, type_name, f"is not plain data{inside}")
+        dump = messages.dump_plain
+    else:
+        import cloudpickle
+
+        dump = cloudpickle.dumps
+    try:
+        return messages.Returned(seconds, dump(value))
+    except Exception as e:  # noqa: BLE001 - reported to the caller
+        return messages.Unsendable(seconds, messages._type_name(value),
+                                   f"cannot be serialised ({type(e).__name__}: {e})")
 
 
 # ----------------------------------------------------------------------------- the caller side
@@ -308,7 +436,10 @@ def _forget(sel, fileobj) -> None:
         pass
 
 
-def _check(fn: Any, world_size: Any, timeout: Any) -> None:
+def _check(fn: Any, world_size: Any, timeout: Any, nproc_per_node: Any) -> int:
+    """Refuse bad arguments with a message that says what to pass; the ranks per node."""
+    import math
+
     if not callable(fn):
         hint = ""
         if fn is None or not isinstance(fn, (str, bytes, int, float)):
@@ -324,8 +455,27 @@ def _check(fn: Any, world_size: Any, timeout: Any) -> None:
             f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {world_size}. "
             "Each rank is one process on this machine; 2 to 8 is plenty for every lesson."
         )
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+            or not math.isfinite(timeout) or timeout <= 0):
+        raise ValueError(
+            f"timeout must be a positive, finite number of seconds, got {timeout!r}. "
+            "It bounds how long fn may run on every rank before the pool reports a hang."
+        )
+    if nproc_per_node is None:
+        return world_size
+    if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int):
+        raise TypeError(
+            f"nproc_per_node must be a whole number of ranks per simulated node, got "
+            f"{nproc_per_node!r}."
+        )
+    if nproc_per_node < 1 or world_size % nproc_per_node:
+        raise ValueError(
+            f"nproc_per_node={nproc_per_node} does not divide world_size={world_size} into "
+            "nodes of equal size, as torchrun's --nproc_per_node does. Pass a positive divisor "
+            f"of world_size (e.g. world_size=4, nproc_per_node=2 for 2 nodes of 2 ranks), or "
+            "leave it out for one node."
+        )
+    return nproc_per_node
 
 
 class _Stream:
@@ -365,19 +515,23 @@ class _Stream:
             print(text, file=self.sink, flush=True)
 
 
-def _read_available(fd: int) -> bytes:
+def _read_pipe(fd: int) -> tuple[bytes, bool]:
+    """Everything readable now on a non-blocking pipe, and whether its writer has closed it."""
     chunks = []
     while True:
         try:
-            data = os.read(fd, 65536)
+            data = os.read(fd, 1 << 20)
         except BlockingIOError:
-            break
+            return b"".join(chunks), False
         except OSError:
-            break
+            return b"".join(chunks), True
         if not data:
-            break
+            return b"".join(chunks), True
         chunks.append(data)
-    return b"".join(chunks)
+
+
+def _read_available(fd: int) -> bytes:
+    return _read_pipe(fd)[0]
 
 
 _PEER_GONE = re.compile(r"Connection (reset|closed) by peer|Socket closed|Broken pipe")
@@ -482,9 +636,42 @@ def _where(rank: int, frames: list[tuple[str, int, str]]) -> RankState:
     return state
 
 
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """How one call of :func:`run` runs (its keyword arguments, checked)."""
+
+    world_size: int
+    nproc_per_node: int
+    timeout: float
+    echo: bool = True
+    detail: bool = False
+    threads: int = 1
+    init: bool = True
+    show_warnings: bool = False
+    plain: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class _Rank:
+    """What the caller holds for one rank: its process, its pipes, what it has said."""
+
+    rank: int
+    process: Any
+    stdout: _Stream
+    stderr: _Stream
+    stack_fd: int
+    result_fd: int
+    decoder: _messages.Decoder = dataclasses.field(default_factory=_messages.Decoder)
+    joined: bool = False
+    result: _messages.Returned | None = None
+
+    @property
+    def fds(self) -> list[int]:
+        return [self.stack_fd, self.result_fd]
+
+
 class _Pool:
-    def __init__(self, fn, args, kwargs, world_size, timeout, echo, detail, threads, init,
-                 show_warnings):
+    def __init__(self, fn, args, kwargs, options: _Options):
         import cloudpickle
 
         self.fn_name = getattr(fn, "__name__", type(fn).__name__)
@@ -496,112 +683,155 @@ class _Pool:
                 f"{type(e).__name__}: {e}. Pass plain data (numbers, tensors, lists, paths) and "
                 "create locks, files and process groups inside the function."
             ) from e
-        self.world_size, self.timeout = world_size, timeout
-        self.echo, self.detail, self.threads, self.init = echo, detail, threads, init
-        self.show_warnings = show_warnings
-        self.procs: list = []
-        self.fds: list[int] = []
-        self.results: dict[int, tuple] = {}
-        self.finish_time: dict[int, float] = {}
+        self.options = options
+        self.ranks: list[_Rank] = []
+        self.sel = selectors.DefaultSelector()
+        self.store = None
+        self.release_w: int | None = None
+        self.scratch: str | None = None
+        self.out_fds: list[int] = []
+        self.t0 = 0.0
+        self._blaming = False
 
     # -- lifecycle
     def start(self) -> None:
+        import tempfile
+
         import torch.distributed as dist
 
+        o = self.options
         # The store lives in the caller, on a port the OS picked and that stays bound:
         # two pools in two kernels can never pick the same rendezvous.
-        self.store = dist.TCPStore("127.0.0.1", 0, self.world_size, True,
+        self.store = dist.TCPStore("127.0.0.1", 0, o.world_size, True,
                                    wait_for_workers=False, use_libuv=True)
+        self.scratch = tempfile.mkdtemp(prefix=f"helpers-spawn-{os.getpid()}-")
+        for node in range(o.world_size // o.nproc_per_node):
+            os.mkdir(os.path.join(self.scratch, f"node{node}"))
+        os.mkdir(os.path.join(self.scratch, "errors"))
         ctx = _context()  # sets the fork server's preload
         release_r, self.release_w = os.pipe()
         release = _Fd(release_r)
-        options = {"port": self.store.port, "threads": self.threads, "detail": self.detail,
-                   "init": self.init, "group_timeout": self.timeout + 600}
-        self.streams, self.stack_fds, self.conns = [], [], []
-        self.sel = selectors.DefaultSelector()
-        env = dict(os.environ)
-        for rank in range(self.world_size):
-            pipes = [os.pipe() for _ in range(3)]
+        options = {"threads": o.threads, "detail": o.detail, "init": o.init, "plain": o.plain,
+                   "group_timeout": o.timeout + 600}
+        base_env = dict(os.environ)
+        for rank in range(o.world_size):
+            layout = _Layout(rank, o.world_size, o.nproc_per_node)
+            env = {**base_env, **layout.environment(
+                self.store.port, os.path.basename(self.scratch),
+                os.path.join(self.scratch, f"node{layout.node}"),
+                os.path.join(self.scratch, "errors", f"rank{rank}.json"))}
+            pipes = [os.pipe() for _ in range(4)]  # stdout, stderr, stacks, results
             for r, _ in pipes:
                 os.set_blocking(r, False)
             ends = [_Fd(w) for _, w in pipes]
-            recv, send = ctx.Pipe(duplex=False)
             p = _RankProcess(
                 target=_rank_main, name=f"helpers.spawn rank {rank}", daemon=False,
-                args=(rank, self.world_size, self.payload, env, os.getcwd(), list(sys.path),
-                      *ends, release, send, options),
+                args=(rank, self.payload, env, os.getcwd(), list(sys.path),
+                      ends[0], ends[1], ends[2], release, ends[3], options),
             )
-            self.procs.append(p)
+            record = _Rank(rank, p,
+                           _Stream(rank, "stdout", sys.stdout, o.echo, o.show_warnings),
+                           _Stream(rank, "stderr", sys.stderr, o.echo, o.show_warnings),
+                           stack_fd=pipes[2][0], result_fd=pipes[3][0])
+            self.ranks.append(record)
+            self.out_fds += [pipes[0][0], pipes[1][0]]
             p.start()
-            send.close()
             for end in ends:  # the rank holds its own copies now
                 end.conn.close()
-            out = _Stream(rank, "stdout", sys.stdout, self.echo, self.show_warnings)
-            err = _Stream(rank, "stderr", sys.stderr, self.echo, self.show_warnings)
-            self.streams += [out, err]
-            self.sel.register(pipes[0][0], selectors.EVENT_READ, out)
-            self.sel.register(pipes[1][0], selectors.EVENT_READ, err)
-            self.stack_fds.append(pipes[2][0])
-            self.sel.register(recv, selectors.EVENT_READ, ("result", rank))
-            self.sel.register(p.sentinel, selectors.EVENT_READ, ("exit", rank))
-            self.conns.append(recv)
-            self.fds += [pipes[0][0], pipes[1][0], pipes[2][0]]
+            self.sel.register(pipes[0][0], selectors.EVENT_READ, ("out", record.stdout))
+            self.sel.register(pipes[1][0], selectors.EVENT_READ, ("out", record.stderr))
+            self.sel.register(record.result_fd, selectors.EVENT_READ, ("result", record))
+            self.sel.register(p.sentinel, selectors.EVENT_READ, ("exit", record))
         release.conn.close()
         self.t0 = time.monotonic()
 
     def wait(self) -> list:
-        deadline = self.t0 + self.timeout
-        while len(self.results) < self.world_size:
+        deadline = self.t0 + self.options.timeout
+        while not all(r.result for r in self.ranks):
             left = deadline - time.monotonic()
             if left <= 0:
+                self._read_results()  # what arrived in time counts
+                if all(r.result for r in self.ranks):
+                    break
                 raise self._hang()
             for key, _ in self.sel.select(timeout=min(left, 0.5)):
-                tag = key.data
-                if isinstance(tag, _Stream):
+                what, target = key.data
+                if what == "out":
                     data = _read_available(key.fd)
                     if data:
-                        tag.feed(data)
+                        target.feed(data)
                     else:
-                        self.sel.unregister(key.fd)
-                elif tag[0] == "result":
-                    self._result(tag[1], key.fileobj)
-                elif tag[0] == "exit":
+                        _forget(self.sel, key.fd)
+                elif what == "result":
+                    self._read_result(target)
+                else:
                     _forget(self.sel, key.fileobj)
-                    self._exited(tag[1])
+                    self._exited(target)
         self._drain()
-        values = []
-        for rank in range(self.world_size):
-            res = self.results[rank]
-            import cloudpickle
+        return [self._value(r) for r in self.ranks]
 
-            values.append(cloudpickle.loads(res[1]))
-        return values
+    # -- what ranks send
+    def _read_results(self) -> None:
+        for r in self.ranks:
+            if r.result is None:
+                self._read_result(r)
 
-    def _result(self, rank: int, conn) -> None:
+    def _read_result(self, r: _Rank) -> bool:
+        """Read and act on whatever rank ``r`` has written on its result pipe; True at its end."""
+        data, eof = _read_pipe(r.result_fd)
+        if eof:
+            _forget(self.sel, r.result_fd)
+        if not data:
+            return eof
         try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            _forget(self.sel, conn)
-            return  # its exit is reported by the sentinel
-        _forget(self.sel, conn)
-        kind = msg[0]
-        self.finish_time[rank] = msg[-1]
-        if kind == "ok":
-            self.results[rank] = msg
-        elif kind == "unsendable":
+            msgs = r.decoder.feed(data)
+        except _messages.MessageError as e:
             self._drain()
-            raise WorkerError(
-                rank, "TypeError", msg[2],
-                summary=(f"rank {rank} returned a {msg[1]}, which cannot be sent back to the "
-                         f"notebook ({msg[2]}). Return plain data instead: numbers, lists, "
-                         "dicts, tensors."),
-            )
-        else:
-            _, etype, emsg, tb, _ = msg
-            if _PEER_GONE.search(emsg):
-                self._blame_a_dead_peer(rank)
+            raise BadMessage(r.rank, str(e)) from None
+        for msg in msgs:
+            self._handle(r, msg)
+        return eof
+
+    def _handle(self, r: _Rank, msg) -> None:
+        if isinstance(msg, _messages.Joined):
+            r.joined = True
+        elif isinstance(msg, _messages.Returned):
+            if r.result is None:
+                r.result = msg
+        elif isinstance(msg, _messages.Unsendable):
             self._drain()
-            raise WorkerError(rank, etype, emsg, tb)
+            raise UnsendableResult(r.rank, msg.type_name, msg.reason, self._advice())
+        else:  # Raised
+            if _PEER_GONE.search(msg.message):
+                if self._blaming:
+                    return  # one more rank that lost its peer: not the cause
+                self._blame_a_dead_peer(r.rank)
+            self._drain()
+            raise RankRaised(r.rank, msg.exc_type, msg.message, msg.traceback)
+
+    def _advice(self) -> str:
+        if self.options.plain:
+            return (f"Return plain data only: {_messages.PLAIN_TYPES} (e.g. float(x) for a "
+                    "NumPy number, x.tolist() for an array).")
+        return "Return plain data instead: numbers, lists, dicts, tensors."
+
+    def _value(self, r: _Rank):
+        """Rank ``r``'s return value, decoded with the pool's codec."""
+        payload = r.result.payload
+        if self.options.plain:
+            try:
+                return _messages.load_plain(payload)
+            except ValueError as e:
+                raise UnsendableResult(r.rank, "result", f"could not be read safely: {e}",
+                                       self._advice()) from None
+        import cloudpickle
+
+        try:
+            return cloudpickle.loads(payload)
+        except Exception as e:  # noqa: BLE001 - e.g. a class the caller cannot import
+            raise UnsendableResult(
+                r.rank, "result", f"could not be loaded here ({type(e).__name__}: {e})",
+                self._advice()) from None
 
     def _blame_a_dead_peer(self, rank: int) -> None:
         """This rank failed only because a peer's connection dropped: report the peer's failure.
@@ -609,121 +839,100 @@ class _Pool:
         When a rank crashes (segfault, abort) or raises, its sockets close and its peers fail
         with "Connection closed by peer" a moment before the real failure is reported. For up
         to 2 s, wait for another rank to report something more telling: a death, or an
-        exception that is not itself a dropped connection.
+        exception that is not itself a dropped connection (either is raised from here).
         """
-        from multiprocessing.connection import wait as wait_any
-
         deadline = time.monotonic() + 2.0
-        peers = {r for r in range(self.world_size) if r != rank and r not in self.results}
-        while peers and time.monotonic() < deadline:
-            waitables = {}
-            for r in peers:
-                if not self.conns[r].closed:
-                    waitables[self.conns[r]] = r
-                waitables[self.procs[r].sentinel] = r
-            for ready in wait_any(list(waitables), timeout=deadline - time.monotonic()):
-                r = waitables[ready]
-                if r not in peers:
-                    continue
-                conn = self.conns[r]
-                if not conn.closed and conn.poll(0):
-                    try:
-                        msg = conn.recv()
-                    except (EOFError, OSError):
-                        conn.close()
-                        continue
-                    if msg[0] == "ok":
-                        self.results[r] = msg
-                        self.finish_time[r] = msg[-1]
-                    elif msg[0] == "error" and not _PEER_GONE.search(msg[2]):
-                        self._drain()
-                        raise WorkerError(r, msg[1], msg[2], msg[3])
-                    peers.discard(r)
-                elif self.procs[r].exitcode is not None:
-                    self._exited(r)  # raises the death as the cause
-                    peers.discard(r)
-
-    def _exited(self, rank: int) -> None:
-        if rank in self.results:
-            return
-        conn = self.conns[rank]
+        peers = [r for r in self.ranks if r.rank != rank and r.result is None]
+        watch = selectors.DefaultSelector()
+        for r in peers:
+            watch.register(r.result_fd, selectors.EVENT_READ, ("result", r))
+            watch.register(r.process.sentinel, selectors.EVENT_READ, ("exit", r))
+        self._blaming = True
         try:
-            pending = not conn.closed and conn.poll(0)
-        except OSError:
-            pending = False
-        if pending:  # the result may have arrived just before the exit
-            self._result(rank, conn)
-            if rank in self.results:
-                return
+            while watch.get_map() and time.monotonic() < deadline:
+                for key, _ in watch.select(timeout=deadline - time.monotonic()):
+                    what, r = key.data
+                    if what == "result":
+                        if self._read_result(r):  # raises a telling exception
+                            _forget(watch, key.fileobj)  # nothing more will come
+                    else:
+                        _forget(watch, key.fileobj)
+                        self._exited(r)  # raises the death as the cause
+                    if r.result is not None:
+                        for fileobj in (r.result_fd, r.process.sentinel):
+                            _forget(watch, fileobj)
+        finally:
+            self._blaming = False
+            watch.close()
+
+    def _exited(self, r: _Rank) -> None:
+        if r.result is not None:
+            return
+        self._read_result(r)  # the result may have arrived just before the exit
+        if r.result is not None:
+            return
         self._drain()
-        code = self.procs[rank].exitcode
+        code = r.process.exitcode
         if code is None:
-            self.procs[rank].join(1)
-            code = self.procs[rank].exitcode
-        if code is not None and code < 0:
-            try:
-                how = f"was killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        else:
-            how = f"exited with code {code} before returning"
-        tail = "\n".join(self.streams[2 * rank + 1].lines[-15:])
-        raise WorkerError(
-            rank, "ProcessDied", how, tail,
-            summary=(f"rank {rank} {how} (a crash in C++ code, os._exit, or the machine "
-                     "killing it). Its last stderr lines follow."),
-        )
+            r.process.join(1)
+            code = r.process.exitcode
+        raise RankDied(r.rank, code, "\n".join(r.stderr.lines[-15:]))
 
     def _drain(self) -> None:
         for key in list(self.sel.get_map().values()):
-            if isinstance(key.data, _Stream):
+            if key.data[0] == "out":
                 data = _read_available(key.fd)
                 if data:
-                    key.data.feed(data)
-        for s in self.streams:
-            s.close()
+                    key.data[1].feed(data)
+        for r in self.ranks:
+            r.stdout.close()
+            r.stderr.close()
 
     def _hang(self) -> HangError:
-        blocked = [r for r in range(self.world_size) if r not in self.results]
-        dumps = {r: b"" for r in blocked}
+        blocked = [r for r in self.ranks if r.result is None]
+        dumps = {r.rank: b"" for r in blocked}
         for r in blocked:
-            _read_available(self.stack_fds[r])  # discard anything stale
+            _read_available(r.stack_fd)  # discard anything stale
             try:
-                os.kill(self.procs[r].pid, signal.SIGUSR1)
+                os.kill(r.process.pid, signal.SIGUSR1)
             except (ProcessLookupError, TypeError):
                 pass
         limit = time.monotonic() + 3.0
-        pending = set(blocked)
+        pending = {r.rank: r for r in blocked}
         while pending and time.monotonic() < limit:
             ready = selectors.DefaultSelector()
-            for r in pending:
-                ready.register(self.stack_fds[r], selectors.EVENT_READ, r)
+            for r in pending.values():
+                ready.register(r.stack_fd, selectors.EVENT_READ, r)
             for key, _ in ready.select(timeout=0.2):
-                dumps[key.data] += _read_available(key.fd)
+                dumps[key.data.rank] += _read_available(key.fd)
             ready.close()
-            for r in list(pending):
-                text = dumps[r].decode("utf-8", "replace")
+            for rank in list(pending):
+                text = dumps[rank].decode("utf-8", "replace")
                 if "_rank_main" in text and re.search(r"line \d+ in <module>\s*$", text):
-                    pending.discard(r)
+                    del pending[rank]
         self._drain()
         states = []
-        for r in range(self.world_size):
-            if r in self.results:
-                states.append(RankState(rank=r, finished=True, seconds=self.finish_time.get(r)))
+        for r in self.ranks:
+            if r.result is not None:
+                states.append(RankState(rank=r.rank, finished=True, seconds=r.result.seconds))
             else:
-                states.append(_where(r, _parse_stack(dumps[r].decode("utf-8", "replace"))))
-        return HangError(self.timeout, states, self.fn_name)
+                states.append(_where(r.rank, _parse_stack(dumps[r.rank].decode("utf-8", "replace"))))
+        return HangError(self.options.timeout, states, self.fn_name)
 
     def stop(self) -> None:
         """Kill every rank (and anything it started) and free every resource."""
-        try:
-            os.close(self.release_w)  # finished ranks exit cleanly on their own
-        except (OSError, AttributeError):
-            pass
-        everyone = _descendants_of_ranks([p.pid for p in self.procs if p.pid is not None])
+        import shutil
+
+        if self.release_w is not None:
+            try:
+                os.close(self.release_w)
+            except OSError:
+                pass
+        procs = [r.process for r in self.ranks]
+        everyone = _descendants_of_ranks([p.pid for p in procs if p.pid is not None])
         # Every rank has sent its result (or the pool failed): nothing a rank still holds is
         # needed, so the ranks are killed rather than asked to tear gloo down politely.
-        for p in self.procs:
+        for p in procs:
             if p.pid is not None and p.exitcode is None:
                 try:
                     p.kill()
@@ -734,7 +943,7 @@ class _Pool:
                 os.kill(child, signal.SIGKILL)
             except OSError:  # already gone
                 pass
-        for p in self.procs:
+        for p in procs:
             if p.pid is None:
                 continue
             p.join(5)
@@ -742,22 +951,21 @@ class _Pool:
                 p.close()
             except ValueError:
                 pass
-        for fd in self.fds:
+        for fd in self.out_fds + [fd for r in self.ranks for fd in r.fds]:
             try:
                 os.close(fd)
             except OSError:
                 pass
-        for c in getattr(self, "conns", []):
-            c.close()
-        if hasattr(self, "sel"):
-            self.sel.close()
-        if hasattr(self, "store"):
-            del self.store
+        self.sel.close()
+        self.store = None
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: bool = True,
         detail_debug: bool = False, threads: int = 1, init_process_group: bool = True,
-        show_warnings: bool = False, **kwargs) -> list:
+        show_warnings: bool = False, nproc_per_node: int | None = None,
+        plain_results: bool = False, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on every rank of a fresh gloo group; return the values.
 
     world_size: number of ranks (processes), 1 to 32.
@@ -770,12 +978,32 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
     init_process_group: set False when ``fn`` calls ``dist.init_process_group("gloo")``
         itself, as a torchrun script does; the environment is set up as torchrun's.
     show_warnings: also show gloo and torch start-up chatter.
+    nproc_per_node: lay the ranks out as ``world_size // nproc_per_node`` simulated nodes of
+        ``nproc_per_node`` ranks each, numbered as ``torchrun --nnodes=N --nproc_per_node=P``
+        numbers them: ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node's index),
+        ``GROUP_WORLD_SIZE`` (the number of nodes). Each node gets its own scratch folder, in
+        the environment variable ``NODE_LOCAL_DIR`` (what a cluster's node-local disk, often
+        ``$TMPDIR``, is to a real job): empty when the ranks start, removed when the pool
+        ends. Default: one node holding every rank.
+    plain_results: each rank must return plain data (None, bool, int, float, str, bytes,
+        tensors, and lists, tuples and dicts of these), sent with ``torch.save`` and read
+        here with ``torch.load(weights_only=True)``: nothing a rank sends can run code in the
+        caller. Anything else raises :class:`UnsendableResult`. Default: any value cloudpickle
+        can send (the rank's code is trusted, as a learner's own code in their own kernel).
 
     Any other keyword argument is passed to ``fn``.
+
+    Raises :class:`HangError` (a ``TimeoutError``) when ``fn`` does not finish in time, and a
+    :class:`WorkerError` when a rank fails: :class:`RankRaised` (``fn`` raised),
+    :class:`RankDied` (the process died), :class:`UnsendableResult` (the value cannot come
+    back), :class:`BadMessage` (the rank wrote garbage on the pool's pipe).
     """
-    _check(fn, world_size, timeout)
-    pool = _Pool(fn, args, kwargs, world_size, float(timeout), echo, detail_debug, threads,
-                 init_process_group, show_warnings)
+    nproc = _check(fn, world_size, timeout, nproc_per_node)
+    options = _Options(world_size=world_size, nproc_per_node=nproc, timeout=float(timeout),
+                       echo=echo, detail=detail_debug, threads=threads,
+                       init=init_process_group, show_warnings=show_warnings,
+                       plain=bool(plain_results))
+    pool = _Pool(fn, args, kwargs, options)
     try:
         pool.start()
         return pool.wait()

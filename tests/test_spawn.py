@@ -387,3 +387,121 @@ def test_keyboard_interrupt_reaches_the_caller_and_kills_the_pool():
         timer.cancel()
     assert live_ranks() == []
     assert run(_rank_and_size, world_size=2, echo=False) == [(0, 2), (1, 2)]
+
+
+# ----------------------------------------------------------------------------- simulated nodes
+
+_TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                  "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                  "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+                  "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
+# Set by both, with values that name this launch (a port, an id, a path), not the layout.
+_PER_LAUNCH_KEYS = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
+
+_PRINT_ENV = """
+import json, os, sys
+base = json.loads(sys.argv[1])
+print("ENV " + json.dumps({k: v for k, v in os.environ.items() if base.get(k) != v}), flush=True)
+"""
+
+
+def _env_added_by_the_launcher(base: dict) -> dict:
+    return {k: v for k, v in os.environ.items() if base.get(k) != v}
+
+
+def test_nodes_are_laid_out_exactly_as_two_torchrun_agents_lay_them_out(tmp_path):
+    """Two real torchrun agents (--nnodes=2 --nproc_per_node=2, c10d rendezvous) against
+    run(world_size=4, nproc_per_node=2): the same variables, the same values per rank."""
+    import json
+    import socket
+
+    base = dict(os.environ)
+    script = tmp_path / "print_env.py"
+    script.write_text(_PRINT_ENV)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=layout",
+           str(script), json.dumps(base)]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=tmp_path) for _ in range(2)]
+    outs = [a.communicate(timeout=300) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], [err[-2000:] for _, err in outs]
+    theirs = sorted((json.loads(line[4:]) for out, _ in outs for line in out.splitlines()
+                     if line.startswith("ENV ")), key=lambda e: int(e["RANK"]))
+    ours = run(_env_added_by_the_launcher, base, world_size=4, nproc_per_node=2, echo=False)
+
+    assert len(theirs) == 4
+    assert set(_TORCHRUN_KEYS + _PER_LAUNCH_KEYS) <= set(theirs[0])
+    # Every variable torchrun sets, we set (the pool adds its own few, such as NODE_LOCAL_DIR).
+    assert set(theirs[0]) - {"SHLVL", "_"} <= set(ours[0])
+    for t, o in zip(theirs, ours):
+        assert {k: o[k] for k in _TORCHRUN_KEYS} == {k: t[k] for k in _TORCHRUN_KEYS}
+    assert [(o["GROUP_RANK"], o["LOCAL_RANK"]) for o in ours] == [
+        ("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+
+
+def _layout():
+    return {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                       "GROUP_WORLD_SIZE")}
+
+
+def test_by_default_every_rank_is_on_one_node():
+    out = run(_layout, world_size=3, echo=False)
+    assert out == [{"RANK": str(r), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "3",
+                    "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"} for r in range(3)]
+
+
+def _node_dirs():
+    """Local rank 0 of each node leaves a file in the node's folder; every rank then lists it."""
+    import pathlib
+
+    here = pathlib.Path(os.environ["NODE_LOCAL_DIR"])
+    empty_at_start = not any(here.iterdir())
+    dist.barrier()
+    if os.environ["LOCAL_RANK"] == "0":
+        (here / f"from_rank_{dist.get_rank()}").write_text("x")
+    dist.barrier()
+    return str(here), empty_at_start, sorted(p.name for p in here.iterdir())
+
+
+def test_each_simulated_node_has_its_own_scratch_folder_removed_at_the_end():
+    out = run(_node_dirs, world_size=6, nproc_per_node=2, echo=False)
+    folders = [o[0] for o in out]
+    assert all(o[1] for o in out), "a node folder was not empty when the ranks started"
+    assert folders[0] == folders[1] != folders[2] == folders[3] != folders[4] == folders[5]
+    assert len(set(folders)) == 3
+    assert [o[2] for o in out] == [["from_rank_0"]] * 2 + [["from_rank_2"]] * 2 + [["from_rank_4"]] * 2
+    for f in folders:
+        assert not os.path.exists(f)
+        assert not os.path.exists(os.path.dirname(f))
+
+
+def test_node_folders_are_removed_after_a_failure_too(monkeypatch):
+    def fail():
+        if dist.get_rank() == 1:
+            print("DIR", os.environ["NODE_LOCAL_DIR"], flush=True)
+            raise ValueError("on purpose")
+        dist.barrier()
+
+    rec = _Recorder()
+    monkeypatch.setattr(sys, "stdout", rec)
+    with pytest.raises(WorkerError):
+        run(fail, world_size=2, timeout=600)
+    folder = [l.split("DIR ", 1)[1] for l in rec.lines if "DIR " in l]
+    assert len(folder) == 1 and not os.path.exists(folder[0])
+
+
+@pytest.mark.parametrize("world_size, nproc, error, match", [
+    (5, 2, ValueError, "does not divide world_size=5"),
+    (4, 0, ValueError, "nproc_per_node=0 does not divide"),
+    (4, -2, ValueError, "nproc_per_node=-2 does not divide"),
+    (4, 8, ValueError, "nproc_per_node=8 does not divide"),
+    (4, 2.0, TypeError, "nproc_per_node must be a whole number"),
+    (4, True, TypeError, "nproc_per_node must be a whole number"),
+])
+def test_a_bad_layout_is_refused_with_advice(world_size, nproc, error, match):
+    with pytest.raises(error, match=match):
+        run(_layout, world_size=world_size, nproc_per_node=nproc)
