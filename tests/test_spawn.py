@@ -399,10 +399,11 @@ _TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP
 # Set by both, with values that name this launch (a port, an id, a path), not the layout.
 _PER_LAUNCH_KEYS = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
 
-_PRINT_ENV = """
+_WRITE_ENV = """
 import json, os, sys
-base = json.loads(sys.argv[1])
-print("ENV " + json.dumps({k: v for k, v in os.environ.items() if base.get(k) != v}), flush=True)
+base = json.loads(open(sys.argv[1]).read())
+with open(os.path.join(sys.argv[2], "rank" + os.environ["RANK"] + ".json"), "w") as f:
+    json.dump({k: v for k, v in os.environ.items() if base.get(k) != v}, f)
 """
 
 
@@ -417,20 +418,24 @@ def test_nodes_are_laid_out_exactly_as_two_torchrun_agents_lay_them_out(tmp_path
     import socket
 
     base = dict(os.environ)
-    script = tmp_path / "print_env.py"
-    script.write_text(_PRINT_ENV)
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "script.py").write_text(_WRITE_ENV)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "tmp").mkdir()  # the agents' own temp folders go here, removed with tmp_path
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=layout",
-           str(script), json.dumps(base)]
+           str(tmp_path / "script.py"), str(tmp_path / "base.json"), str(tmp_path / "out")]
     agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               cwd=tmp_path) for _ in range(2)]
+                               cwd=tmp_path, env={**base, "TMPDIR": str(tmp_path / "tmp")})
+              for _ in range(2)]
     outs = [a.communicate(timeout=300) for a in agents]
     assert [a.returncode for a in agents] == [0, 0], [err[-2000:] for _, err in outs]
-    theirs = sorted((json.loads(line[4:]) for out, _ in outs for line in out.splitlines()
-                     if line.startswith("ENV ")), key=lambda e: int(e["RANK"]))
+    theirs = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(4)]
+    for env in theirs:
+        del env["TMPDIR"]  # ours, for the agents
     ours = run(_env_added_by_the_launcher, base, world_size=4, nproc_per_node=2, echo=False)
 
     assert len(theirs) == 4

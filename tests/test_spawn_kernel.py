@@ -23,6 +23,7 @@ def kernel(tmp_path):
         kc.stop_channels()
         if km.is_alive():
             km.shutdown_kernel(now=True)
+        km.cleanup_resources()  # the connection file, also when a test killed the kernel
 
 
 def execute(kc, code: str, timeout: float = 240) -> tuple[list[str], list[dict]]:
