@@ -30,6 +30,7 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 
 from course_tools import has_graded_cells
+from helpers.lint.feedback import add_lint_feedback
 
 __all__ = ["CourseExecute"]
 
@@ -73,7 +74,9 @@ class CourseExecute(Execute):
                 "crashed the interpreter, or was killed), so this cell earns no points.")]
             return cell, self.resources
         try:
-            return super().preprocess_cell(cell, resources, index)
+            cell, resources = super().preprocess_cell(cell, resources, index)
+            add_lint_feedback(self.nb, cell)  # a failed test also shows the linter's findings
+            return cell, resources
         except DeadKernelError:
             self._dead_at = index
             cell.outputs.append(_error(

@@ -37,6 +37,8 @@ DEMOS = {
         ("ORK102", "slow_save(ckpt, path, pause=0.1)    # = torch.save(ckpt, path): no `if rank == 0:`"),
         ("ORK101", "dist.barrier()                  # only rank 0 ever reaches this line"),
         ("ORK105", "if (history[-1][1] if use_global else loss) < threshold:   # the decision"),
+        ("ORK103", "return str(try_load(path))          # every rank reads: no barrier before it"),
+        ("ORK104", 'print(f"step 1: loss {loss.item():.4f}")   # what the dashboard shows'),
     },
     "developer/03_sharded_checkpoints.ipynb": {("ORK101", None)},
     "researcher/03_barriers_and_files.ipynb": {

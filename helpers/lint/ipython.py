@@ -22,6 +22,8 @@ class CellChecker:
 
     def check(self, source: str) -> list[str]:
         """Lines to print for this cell (empty when nothing is found); remembers the cell."""
+        if not isinstance(source, str):
+            return []
         findings, errors = lint_cells(self.history + [source], only_cell=len(self.history) + 1)
         if not errors or not any(e.startswith(f"cell {len(self.history) + 1}:") for e in errors):
             self.history.append(source)
@@ -47,6 +49,9 @@ def load(ipython) -> None:
     if "checker" in _STATE:
         return
     checker = CellChecker()
+    # The cells run before the extension was loaded: their imports and functions are known.
+    for source in (ipython.user_ns.get("In") or [])[1:]:
+        checker.check(source)
     ipython.events.register("pre_run_cell", checker.pre_run_cell)
     _STATE["checker"] = checker
 
