@@ -224,7 +224,7 @@ CASES = {
             dist.barrier()
         """,
     "ok 102 per-rank files, in-memory buffers, file descriptors, temp files": """
-        import io, tempfile
+        import io, os, tempfile
         def f(state, rank):
             torch.save(state, f"shard_{rank}.pt")
             path = f"log_rank{dist.get_rank()}.txt"
@@ -235,6 +235,8 @@ CASES = {
             tmp = tempfile.mkdtemp()
             torch.save(state, tmp + "/x.pt")
             out = open(1, "w", closefd=False)
+            with open(f"{path}.tmp-{os.getpid()}", "wb") as f:
+                f.write(b"")
             dist.barrier()
         """,
     "ok 102 not distributed at all": """

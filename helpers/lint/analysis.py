@@ -90,7 +90,8 @@ PATH_WORDS = {"path", "file", "filename", "fname", "ckpt", "checkpoint", "dir", 
               "txt", "npy", "tmp", "staging"}
 
 PER_PROCESS_TEMP = {"tempfile.mkdtemp", "tempfile.mkstemp", "tempfile.NamedTemporaryFile",
-                    "tempfile.TemporaryDirectory", "tempfile.TemporaryFile", "tempfile.mktemp"}
+                    "tempfile.TemporaryDirectory", "tempfile.TemporaryFile", "tempfile.mktemp",
+                    "os.getpid", "uuid.uuid4", "uuid.uuid1", "secrets.token_hex", "secrets.token_urlsafe"}
 
 MAIN, OTHER = "main", "other"
 SAME = "same on every rank"
