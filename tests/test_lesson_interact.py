@@ -50,3 +50,10 @@ def test_predict_answers_each_choice_and_starts_unanswered():
 def test_predict_refuses_an_answer_that_is_not_a_choice():
     with pytest.raises(ValueError, match="not one of the choices"):
         predict("?", {"a": "", "b": ""}, answer="c")
+
+
+def test_predict_shows_backticked_spans_as_code_and_escapes_the_rest():
+    box = predict("Does `a < b` hold?", {"yes": "`a` is 1 & `b` is 2", "no": "it does"}, answer="yes")
+    assert "<code>a &lt; b</code>" in box.children[0].value
+    box.choices.value = "yes"
+    assert "<code>a</code> is 1 &amp; <code>b</code> is 2" in box.feedback.value

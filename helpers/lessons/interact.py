@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import html
 import os
+import re
 import shutil
 import tempfile
 from typing import Mapping
@@ -47,13 +48,19 @@ def confirm(holds: bool, claim: str, otherwise: str = "") -> None:
     print(f"✓ {claim}")
 
 
+def _inline_code(text: str) -> str:
+    """``text`` as HTML, with `backticked` spans shown as code (as in the notebook's markdown)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def predict(question: str, choices: Mapping[str, str], answer: str):
     """Ask ``question`` before a demo: the learner picks one of ``choices`` and is told at once
     whether it was right, and why.
 
     ``choices`` maps each choice's text to the explanation shown when it is picked (why it is
-    right, or why it is not); ``answer`` is the right choice's text. Nothing is picked at first,
-    so the notebook runs unattended. Returns the widget (a ``VBox``); its ``.choices`` is the
+    right, or why it is not); ``answer`` is the right choice's text. `Backticked` spans of the
+    question and the explanations are shown as code. Nothing is picked at first, so the notebook
+    runs unattended. Returns the widget (a ``VBox``); its ``.choices`` is the
     ``RadioButtons`` and its ``.feedback`` the ``HTML`` that answers.
     """
     import ipywidgets as widgets
@@ -74,10 +81,10 @@ def predict(question: str, choices: Mapping[str, str], answer: str):
         verdict = "✓ Right." if picked == answer else "✗ Not quite."
         colour = "#4c956c" if picked == answer else "#d1495b"
         feedback.value = (f'<span style="color:{colour}"><b>{verdict}</b></span> '
-                          f"{html.escape(choices[picked])}")
+                          f"{_inline_code(choices[picked])}")
 
     radio.observe(show, names="value")
-    box = widgets.VBox([widgets.HTML(f"<b>Predict first:</b> {html.escape(question)}"), radio, feedback])
+    box = widgets.VBox([widgets.HTML(f"<b>Predict first:</b> {_inline_code(question)}"), radio, feedback])
     box.add_class("course-prediction")
     box.choices, box.feedback = radio, feedback
     return box
