@@ -18,7 +18,8 @@ import sys
 from typing import Any, Iterator
 
 __all__ = ["pretend_saved_on", "run_script", "first_difference", "same", "sigkill_mid_write",
-           "folder", "file_mode", "plain_open_mode", "toy_job", "scheduler_sends_sigterm", "tiny_ddp", "seed_all"]
+           "folder", "file_mode", "plain_open_mode", "toy_job", "scheduler_sends_sigterm", "tiny_ddp", "seed_all",
+           "wilson_interval", "torchrun", "TorchrunResult", "gradient_all_reduces"]
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -265,3 +266,120 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
+
+
+# ----------------------------------------------------------------------------- measurements
+# (developer/02_common_mistakes: the race at real speed, hangs under torchrun, DDP's buckets)
+
+
+def wilson_interval(failures: int, runs: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a rate seen as ``failures`` out of ``runs``.
+
+    Unlike ``p ± 1.96·sqrt(p(1-p)/n)`` it stays inside [0, 1] and is not empty when every run
+    failed (or none did), which is what a race measured a few dozen times often gives.
+    """
+    if runs <= 0:
+        raise ValueError(f"runs must be positive, got {runs}")
+    if not 0 <= failures <= runs:
+        raise ValueError(f"failures must be between 0 and runs ({runs}), got {failures}")
+    p = failures / runs
+    denominator = 1 + z * z / runs
+    centre = (p + z * z / (2 * runs)) / denominator
+    half = z * (p * (1 - p) / runs + z * z / (4 * runs * runs)) ** 0.5 / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+class TorchrunResult:
+    """What a ``torchrun`` launch did: ``returncode``, ``seconds``, ``output`` (stdout and stderr)."""
+
+    def __init__(self, returncode: int, seconds: float, output: str):
+        self.returncode, self.seconds, self.output = returncode, seconds, output
+
+    def lines(self, *needles: str) -> list[str]:
+        """The output lines holding any of ``needles``, each once, without torch's log prefixes."""
+        import re
+
+        seen, found = set(), []
+        for line in self.output.splitlines():
+            if any(n in line for n in needles):
+                line = re.sub(r"^\[rank\d+\]:\s*", "", line).strip()
+                line = re.sub(r"\[[^\]]*third_party/gloo/[^\]]*\]\s*", "", line)
+                if line not in seen:
+                    seen.add(line)
+                    found.append(line)
+        return found
+
+
+def torchrun(source: str, nproc: int = 2, timeout: float = 180) -> TorchrunResult:
+    """Write ``source`` to a temporary script and run it with ``torchrun --nproc_per_node=nproc``.
+
+    The real launcher, as in a terminal: every rank is a process that exits when the script
+    ends. ``timeout`` bounds the whole launch (the job is killed after it, and that is reported
+    as a ``TimeoutError``); the temporary folder is removed afterwards.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+    import textwrap
+    import time
+
+    folder = tempfile.mkdtemp(prefix="torchrun-")
+    script = os.path.join(folder, "job.py")
+    with open(script, "w") as f:
+        f.write(textwrap.dedent(source))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           script]
+    # TMPDIR: torchrun's own log folders (torchelastic_*) go into the folder removed below
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TMPDIR=folder)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)  # torchrun's workers run in sessions of their own
+        proc.communicate()
+        raise TimeoutError(f"torchrun did not finish in {timeout:.0f} s; the job was killed") from None
+    except BaseException:      # interrupted: nothing is left running
+        _kill_tree(proc.pid)
+        proc.communicate()
+        raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return TorchrunResult(proc.returncode, time.monotonic() - t0, output)
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        family = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=30)
+
+
+def gradient_all_reduces(ddp, x) -> dict:
+    """Profile one ``ddp(x).sum().backward()`` (after a first one, which builds the buckets).
+
+    Returns how many gradient all_reduces it launched (``"all_reduces"``), how many of them were
+    launched while backward still had gradients to compute, i.e. before the last autograd node
+    started (``"during_backward"``), and the number of parameter tensors (``"parameters"``).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    ddp(x).sum().backward()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ddp(x).sum().backward()
+    events = list(prof.events())
+    starts = [e.time_range.start for e in events if e.name == "c10d::allreduce_"]
+    last_gradient = max(e.time_range.start for e in events
+                        if e.name.startswith("autograd::engine::evaluate_function"))
+    return {"all_reduces": len(starts), "during_backward": sum(s < last_gradient for s in starts),
+            "parameters": sum(1 for _ in ddp.module.parameters())}

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["PALETTE", "OUTCOME_COLORS", "worker_colour", "plot_hang", "hang_title", "how_far",
            "plot_read_outcomes", "plot_report", "plot_worker_losses", "plot_exam", "plot_timeline",
            "plot_reads", "plot_failure_rates", "plot_logged_loss", "plot_stop_decisions", "plot_resume",
-           "plot_waste"]
+           "plot_waste", "plot_gap_vs_samples"]
 
 #: The course's colours: what went right, what was not there yet, what went wrong, the truth
 #: (the number over all samples), and a rank that is neither right nor wrong.
@@ -257,18 +257,24 @@ def plot_reads(outcomes: list[list[str]], title: str, ax=None):
     return ax
 
 
-def plot_failure_rates(rates: dict, title: str, ax=None):
-    """``rates[(world_size, with_barrier)]`` = fraction of runs where some rank's read failed."""
+def plot_failure_rates(rates: dict, title: str, ax=None, intervals: dict | None = None):
+    """``rates[(world_size, with_barrier)]`` = fraction of runs where some rank's read failed;
+    ``intervals`` (same keys): ``(low, high)`` confidence intervals, drawn as error bars."""
     ax = _axes(ax, (7, 3.5))
     for barrier, color, label in ((False, OUTCOME_COLORS["torn"], "no barrier"),
                                   (True, OUTCOME_COLORS["ok"], "dist.barrier() after the save")):
         sizes = sorted(ws for ws, b in rates if b == barrier)
-        ax.plot(sizes, [100 * rates[(ws, barrier)] for ws in sizes], "o-", color=color,
-                label=label, linewidth=2)
+        values = [100 * rates[(ws, barrier)] for ws in sizes]
+        errors = None
+        if intervals:
+            errors = [[v - 100 * intervals[(ws, barrier)][0] for ws, v in zip(sizes, values)],
+                      [100 * intervals[(ws, barrier)][1] - v for ws, v in zip(sizes, values)]]
+        ax.errorbar(sizes, values, yerr=errors, fmt="o-", color=color, label=label, linewidth=2,
+                    capsize=4)
     ax.set_xticks(sorted({ws for ws, _ in rates}))
     ax.set_ylim(-5, 105)
     ax.set_xlabel("world size (ranks)")
-    ax.set_ylabel("runs with a failed read (%)")
+    ax.set_ylabel("runs with a failed read (%)" + ("\nbars: 95% interval" if intervals else ""))
     ax.set_title(title, fontsize=11)
     ax.legend(frameon=False)
     return ax
@@ -351,6 +357,24 @@ def plot_waste(intervals, simulated, model, young: float, best: float, title: st
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval τ (seconds of computation between saves)")
     ax.set_ylabel("wasted time (% of the work)")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, frameon=False)
+    return ax
+
+
+def plot_gap_vs_samples(sizes: list[int], shuffled: list[float], grouped: list[float], title: str,
+                        ax=None):
+    """How far rank 0's own loss is from the loss over all ranks, against the samples per rank:
+    for shuffled (i.i.d.) shards, with the 1/sqrt(n) line through the first point, and for
+    grouped (sorted) shards. (``developer/02_common_mistakes``, section 4.)"""
+    ax = _axes(ax, (7.5, 3.6))
+    ax.loglog(sizes, shuffled, "o-", color=PALETTE["neutral"], linewidth=2,
+              label="shuffled shards: noise")
+    ax.loglog(sizes, [shuffled[0] * (sizes[0] / n) ** 0.5 for n in sizes], ":", color="black",
+              label="1/sqrt(n), through the first point")
+    ax.loglog(sizes, grouped, "s-", color=_TORN, linewidth=2, label="sorted (grouped) shards")
+    ax.set_xlabel("samples per rank, n")
+    ax.set_ylabel("|rank 0's loss - loss over all|\n(mean over trials)")
     ax.set_title(title, fontsize=11)
     ax.legend(fontsize=8, frameon=False)
     return ax
