@@ -398,9 +398,33 @@ _JS = r"""
       const labelNode = e.querySelector('.widget-label');
       const cut = !!labelNode && labelNode.scrollWidth > labelNode.clientWidth + 1;
       cell.controls.push({id, kind, label: label.trim(), labelCut: cut, disabled: !!e.querySelector('[disabled]') || e.hasAttribute('disabled'),
-                          visible: r.width > 0 && r.height > 0});
+                          visible: r.width > 0 && r.height > 0, inPrediction: !!e.closest('.course-prediction')});
     });
     return cell;
+  });
+  // The course's "Predict first" widgets (helpers.lessons.interact.predict): choices and feedback.
+  bt.predictions = () => [...bt.panel.content.node.querySelectorAll('.course-prediction')].map((p, j) => {
+    const id = `p${j}`;
+    p.setAttribute('data-bt-pred', id);
+    const htmls = p.querySelectorAll('.widget-html');
+    const feedback = htmls.length > 1 ? htmls[htmls.length - 1].innerText.trim() : null;
+    const cellNode = p.closest('.jp-Cell');
+    const cell = bt.panel.content.widgets.findIndex(c => c.node === cellNode);
+    return {id, cell, choices: p.querySelectorAll('input[type="radio"]').length,
+            checked: p.querySelectorAll('input[type="radio"]:checked').length, feedback};
+  });
+  // Review answers: <details> blocks in rendered markdown, and whether their answer shows.
+  bt.details = () => [...bt.panel.content.node.querySelectorAll('.jp-MarkdownCell details')].map((d, j) => {
+    const id = `d${j}`;
+    d.setAttribute('data-bt-details', id);
+    const body = [...d.children].filter(n => n.tagName !== 'SUMMARY');
+    // A closed <details> keeps its children in the layout under content-visibility: hidden, so
+    // their boxes are not empty; checkVisibility() says whether the learner can see them.
+    const shown = body.some(n => n.checkVisibility ? n.checkVisibility({contentVisibilityAuto: true,
+        visibilityProperty: true, opacityProperty: true}) : n.getClientRects().length > 0);
+    const cellNode = d.closest('.jp-Cell');
+    return {id, cell: bt.panel.content.widgets.findIndex(c => c.node === cellNode), open: d.open,
+            answerShown: shown, answerText: body.map(n => n.innerText).join(' ').trim().slice(0, 80)};
   });
   bt.scroller = () => bt.panel.content.node.querySelector('.jp-WindowedPanel-outer') || bt.panel.content.node;
   // Scrolled to the top, how much taller the notebook is than its panel (0: all of it shows).
@@ -495,6 +519,35 @@ class NotebookDriver:
         self.page.evaluate("() => window.__bt.frames()")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(path), timeout=120_000)
+
+    # ------------------------------------------------------------------ predictions and review answers
+    def predictions(self) -> list[dict]:
+        return self.page.evaluate("() => window.__bt.predictions()")
+
+    def answer_prediction(self, pred: dict) -> str:
+        """Pick the first choice of one prediction, as a learner clicks it; return the feedback
+        shown, or raise TimeoutError if none appears."""
+        loc = self.page.locator(f'[data-bt-pred="{pred["id"]}"] input[type="radio"]').first
+        loc.scroll_into_view_if_needed(timeout=10_000)
+        busy = self._busy_count()
+        loc.click()
+        self._answered(busy, f"the prediction in cell {pred['cell']}")
+        self._wait("id => { const p = window.__bt.predictions().find(q => q.id === id);"
+                   " return p && p.feedback && /Right|Not quite/.test(p.feedback); }",
+                   self.t["redraw"], f"the feedback of the prediction in cell {pred['cell']}",
+                   arg=pred["id"])
+        return next(p for p in self.predictions() if p["id"] == pred["id"])["feedback"]
+
+    def details(self) -> list[dict]:
+        return self.page.evaluate("() => window.__bt.details()")
+
+    def open_details(self, item: dict) -> dict:
+        """Click a review question's summary, as a learner opens the answer; return it again."""
+        loc = self.page.locator(f'[data-bt-details="{item["id"]}"] > summary')
+        loc.scroll_into_view_if_needed(timeout=10_000)
+        loc.click()
+        self.page.evaluate("() => window.__bt.frames()")
+        return next(d for d in self.details() if d["id"] == item["id"])
 
     # ------------------------------------------------------------------ widgets
     def _busy_count(self) -> int:
@@ -692,6 +745,30 @@ def check_notebook(driver: NotebookDriver, source: Path, shot: Path, long_output
         notes.append("runs pools but no rank prints a line ('[rank r] ...') anywhere")
     report["ranks_seen_printing"] = sorted(ranks_seen)
 
+    # "Predict first" widgets start unanswered, and a pick shows whether it was right, and why.
+    predictions = driver.predictions()
+    report["predictions"] = len(predictions)
+    for pred in predictions:
+        if pred["choices"] < 2:
+            problems.append(f"cell {pred['cell']}: a prediction with {pred['choices']} choices shown")
+        elif pred["checked"] or pred["feedback"]:
+            problems.append(f"cell {pred['cell']}: a prediction is answered before the learner picks")
+        else:
+            try:
+                report.setdefault("prediction_feedback", []).append(driver.answer_prediction(pred))
+            except TimeoutError as e:
+                problems.append(f"cell {pred['cell']}: picking a choice showed no feedback ({e})")
+    # Review answers start collapsed, and open when their question is clicked.
+    details = driver.details()
+    report["review_answers"] = len(details)
+    for item in details:
+        if item["open"] or item["answerShown"]:
+            problems.append(f"cell {item['cell']}: a review answer is shown before it is opened")
+    if details:
+        opened = driver.open_details(details[0])
+        if not (opened["open"] and opened["answerShown"] and opened["answerText"]):
+            problems.append(f"cell {details[0]['cell']}: clicking a review question does not show its answer")
+
     # Widgets render, and each control, moved, changes the output it drives.
     for c in code:
         if c["widgetViews"] and not c["renderedWidgets"]:
@@ -701,6 +778,8 @@ def check_notebook(driver: NotebookDriver, source: Path, shot: Path, long_output
     for c in code:
         usable = []
         for control in c["controls"]:
+            if control.get("inPrediction"):
+                continue  # the predictions were answered above
             if not control["visible"]:
                 problems.append(f"cell {c['index']}: control {control['label']!r} is not visible")
             elif control["disabled"]:

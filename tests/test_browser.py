@@ -7,7 +7,10 @@ open it in Lab, wait for its kernel, Run All, wait for the run to finish, then c
 - the lesson's plots are on the page as ``data:image/png`` images;
 - each ipywidgets control renders and, moved the way a learner moves it (slider handle + arrow key,
   dropdown choice, toggle click), changes the output it drives;
-- a pool's per-rank output (``[rank 0] ...``) is in the page.
+- a pool's per-rank output (``[rank 0] ...``) is in the page;
+- every "Predict first" widget starts unanswered and, when a choice is clicked, says whether it was right
+  and why; every review answer (a ``<details>`` block) starts collapsed, and opens when its question is
+  clicked; a lesson (a notebook without graded cells) has predictions and review answers at all.
 A screenshot of each notebook after its run goes to build/screenshots/<depth>__<name>.png, with a
 .json of what was measured beside it. nbgrader's lab extensions are checked too: a learner's
 Assignment List shows the assignments released to a temporary exchange (and fetches one), and the
@@ -29,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from tests.browser_support import (ROOT, LabServer, NotebookDriver, check_notebook, copy_course,
-                                   launch_chromium, learner_notebooks, mark_graded_cells_may_raise,
-                                   release_assignments)
+                                   graded_cells, launch_chromium, learner_notebooks,
+                                   mark_graded_cells_may_raise, release_assignments)
 
 # The fixtures below are session-scoped: each xdist worker that gets browser tests (they are
 # spread over the workers, see tests/conftest.py) starts one Lab and one Chromium, once,
@@ -165,6 +168,9 @@ def test_notebook_in_jupyterlab(relpath, page, lab, course):
     driver = NotebookDriver(page, lab, str(relpath), TIMEOUTS)
     shot = SHOTS / f"{shot_name(relpath)}.png"
     report = check_notebook(driver, course["root"] / relpath, shot, long_output=LONG_OUTPUT)
+    if not graded_cells(course["root"] / relpath):  # a lesson: it asks, and it reviews
+        assert report.get("predictions", 0) > 0, f"{relpath}: no prediction widget on the page"
+        assert report.get("review_answers", 0) >= 3, f"{relpath}: fewer than 3 review answers on the page"
     for note in report["notes"]:
         warnings.warn(f"{relpath}: {note}")
     print(f"{relpath}: run {report.get('run_seconds')} s, total {report['total_seconds']} s, "
