@@ -43,7 +43,7 @@ loss.backward()
 opt.step()
 
 # the loss over ALL samples: add up [loss * count, count] from every rank, divide once
-local = torch.tensor([loss.item() * len(x), float(len(x))], device=device)
+local = torch.tensor([loss.item() * len(x), len(x)], dtype=torch.float64, device=device)
 dist.all_reduce(local, op=dist.ReduceOp.SUM)
 global_loss = (local[0] / local[1]).item()
 print(f"rank {rank}: my loss {loss.item():.4f} | "
