@@ -12,6 +12,9 @@ title that states the finding; the ranks, the ``if rank == 0:`` save, the barrie
   :func:`plot_stop_decisions`: the developer lesson (``developer/02_common_mistakes``).
 * :func:`plot_resume`: exact resume (``developer/05_checkpointing_in_practice``); :func:`plot_waste`:
   how often to save (``researcher/05_how_often_to_save``).
+* :func:`plot_announcements` (``beginner/02_every_clerk_talks``), :func:`plot_dashboard`,
+  :func:`plot_logging_cost` (``developer/04_logging_from_one_rank``), :func:`plot_smoothing`,
+  :func:`plot_counts`, :func:`plot_collectives` (``researcher/04_metrics_over_time``): logging.
 
 Importing this module imports nothing heavy and changes no plotting settings.
 """
@@ -26,7 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["PALETTE", "OUTCOME_COLORS", "worker_colour", "plot_hang", "hang_title", "how_far",
            "plot_read_outcomes", "plot_report", "plot_worker_losses", "plot_exam", "plot_timeline",
            "plot_reads", "plot_failure_rates", "plot_logged_loss", "plot_stop_decisions", "plot_resume",
-           "plot_waste", "plot_gap_vs_samples"]
+           "plot_waste", "plot_gap_vs_samples", "plot_dashboard", "plot_logging_cost",
+           "plot_announcements", "plot_smoothing", "plot_counts", "plot_collectives"]
 
 #: The course's colours: what went right, what was not there yet, what went wrong, the truth
 #: (the number over all samples), and a rank that is neither right nor wrong.
@@ -357,6 +361,126 @@ def plot_waste(intervals, simulated, model, young: float, best: float, title: st
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval τ (seconds of computation between saves)")
     ax.set_ylabel("wasted time (% of the work)")
+
+
+# ----------------------------------------------------------------------------- logging lessons
+# developer/04_logging_from_one_rank, beginner/02_every_clerk_talks, researcher/04_metrics_over_time
+
+
+def plot_dashboard(runs: dict, truth: list[float], title: str, ax=None):
+    """The runs TensorBoard lists and the ``(step, value)`` points each holds, against the loss
+    the whole job really had (dashed). A run holding several values per step (several ranks'
+    event files in one folder) is drawn as points only: which line the dashboard would draw
+    through them says nothing more."""
+    ax = _axes(ax, (8, 3.6))
+    for i, (name, points) in enumerate(sorted(runs.items())):
+        steps, values = zip(*points) if points else ((), ())
+        merged = len(set(steps)) < len(steps)
+        label = f"run {name!r}" + (f": {len(points)} points for {len(set(steps))} steps" if merged else "")
+        colour = worker_colour(i) if len(runs) > 1 else PALETTE["neutral"]
+        ax.plot(steps, values, "o" if merged else "o-", markersize=4 if merged else 3, linewidth=1.2,
+                alpha=0.85, color=colour, label=label)
+    ax.plot(range(len(truth)), truth, "--", color=_TRUTH, linewidth=2.5,
+            label="the job's loss (all examples)")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("logged loss (log scale)")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, frameon=False, loc="upper right", ncols=1 + (len(runs) > 4))
+    return ax
+
+
+def plot_logging_cost(intervals: list, seconds_per_step: list[float], baseline: float, title: str,
+                      ax=None):
+    """Time per training step against the logging interval k (a reduction every k steps), with
+    the same loop that never logs as a floor. Measured, so it moves with the machine's load."""
+    ax = _axes(ax, (7.5, 3.4))
+    ax.plot(intervals, [1000 * s for s in seconds_per_step], "o-", color=_TORN, linewidth=2,
+            label="reduce [sum, count] and log every k steps")
+    ax.axhline(1000 * baseline, color=_OK, linestyle="--", label="never log")
+    ax.set_xscale("log")
+    ax.set_xticks(intervals, [str(k) for k in intervals])
+    ax.set_ylim(0, max(1000 * max(seconds_per_step), 1000 * baseline) * 1.25)
+    ax.set_xlabel("logging interval k (steps)")
+    ax.set_ylabel("milliseconds per step")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, frameon=False)
+    return ax
+
+
+def plot_announcements(announced: list, truth: float, title: str, ax=None):
+    """One bar per clerk (worker): the number it announced, or a grey "silent" mark if it said
+    nothing; the dashed line is the loss on all the forms together."""
+    ax = _axes(ax, (8, 3.2))
+    top = max([truth] + [v for v in announced if v is not None]) * 1.3
+    for clerk, value in enumerate(announced):
+        if value is None:
+            ax.text(clerk, top * 0.04, "silent", ha="center", va="bottom", color=PALETTE["neutral"],
+                    fontsize=9, style="italic")
+            continue
+        ax.bar(clerk, value, width=0.6, color=worker_colour(clerk))
+        ax.text(clerk, value + top * 0.015, f"{value:.2f}", ha="center", va="bottom", fontsize=9)
+    ax.axhline(truth, color=_TRUTH, linewidth=2, linestyle="--", label=f"all the forms together: {truth:.2f}")
+    ax.set_xticks(range(len(announced)), [f"clerk {c}" for c in range(len(announced))])
+    ax.set_xlim(-0.6, len(announced) - 0.4)
+    ax.set_ylim(0, top)
+    ax.set_ylabel("announced loss")
+    ax.legend(loc="upper left", fontsize=9, frameon=False)
+    ax.set_title(title, fontsize=11)
+    return ax
+
+
+def plot_smoothing(logged: list[float], smoothed: list[float], rank0_smoothed: list[float],
+                   epoch_loss: float, spike_at: int, weight: float, title: str, ax=None):
+    """A dashboard's loss chart: the logged per-step values (faint), their TensorBoard-style
+    smoothing, the smoothing of rank 0's own values, and the epoch's loss as one
+    ``[sum, count]`` over every sample (a level line)."""
+    ax = _axes(ax, (9, 3.8))
+    steps = range(len(logged))
+    ax.plot(steps, logged, color=PALETTE["neutral"], linewidth=0.8, alpha=0.7,
+            label="logged each step (all ranks, [sum, count])")
+    ax.plot(steps, smoothed, color=_TRUTH, linewidth=2, label=f"the same, smoothed ({weight:g})")
+    ax.plot(steps, rank0_smoothed, color=_TORN, linewidth=2, linestyle="-.",
+            label=f"rank 0's own loss, smoothed ({weight:g})")
+    ax.axhline(epoch_loss, color=_OK, linestyle="--", linewidth=2,
+               label=f"the epoch's loss, one [sum, count]: {epoch_loss:.3f}")
+    ax.annotate("one bad batch", (spike_at, logged[spike_at]), xytext=(spike_at + len(logged) * 0.04,
+                logged[spike_at]), fontsize=9, va="center", arrowprops={"arrowstyle": "->"})
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss per token")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, frameon=False, loc="upper right")
+    return ax
+
+
+def plot_counts(seen: list[float], counted: list[float], title: str, ax=None):
+    """A float32 counter against the true count (both from a real run): where it stops counting."""
+    ax = _axes(ax, (7.5, 3.4))
+    ax.plot([s / 1e6 for s in seen], [s / 1e6 for s in seen], color=_OK, linewidth=2,
+            label="seen (int64 counter)")
+    ax.plot([s / 1e6 for s in seen], [c / 1e6 for c in counted], color=_TORN, linewidth=2,
+            linestyle="--", label="counted by the float32 counter")
+    ax.axhline(2 ** 24 / 1e6, color=PALETTE["neutral"], linestyle=":", linewidth=1)
+    ax.text(0, 2 ** 24 / 1e6, " 2^24 = 16,777,216", va="bottom", fontsize=8)
+    ax.set_xlabel("background pixels seen (millions)")
+    ax.set_ylabel("count (millions)")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    return ax
+
+
+def plot_collectives(intervals: list[int], counts: dict, floor: int, title: str, ax=None):
+    """Collectives per epoch against the logging interval, one line per way of logging
+    (``counts[way] = [count per interval]``), with the training's own collectives as a floor."""
+    ax = _axes(ax, (7.5, 3.4))
+    for i, (way, values) in enumerate(counts.items()):
+        ax.plot(intervals, values, "o-", color=[_TORN, _TRUTH, _MISSING][i % 3], linewidth=2, label=way)
+    ax.axhline(floor, color=_OK, linestyle="--", label=f"training alone (gradient all_reduce): {floor}")
+    ax.set_xscale("log")
+    ax.set_xticks(intervals, [str(k) for k in intervals])
+    ax.set_xlabel("logging interval k (steps)")
+    ax.set_ylabel("all-reduces in the epoch")
+    ax.set_ylim(0, max(max(v) for v in counts.values()) * 1.15)
     ax.set_title(title, fontsize=11)
     ax.legend(fontsize=8, frameon=False)
     return ax
