@@ -2,8 +2,8 @@
 
 Each launch starts N ranks, joins them into a gloo group, does one all_reduce and tears
 everything down. Medians of several warm launches (the first launch of each method, which
-pays one-off imports, is not counted). Targets (issue 2): helpers.spawn at least 30x faster
-than spawn, and within 2x of a raw fork from a clean parent, at 4 ranks.
+pays one-off imports, is not counted). Targets (issues 2 and 14): helpers.spawn at least 30x
+faster than spawn, and within 1.3x of a raw fork from a clean parent, at 4 ranks.
 """
 
 from __future__ import annotations
@@ -113,9 +113,9 @@ def main(repeats: int = 7, spawn_repeats: int = 3) -> bool:
         print(f"{ws:>5} {ours:>13.3f}s {spawn:>11.2f}s {fork:>8.3f}s {speedup:>10.0f}x {overhead:>9.2f}x",
               flush=True)
         if ws == 4:
-            ok = speedup >= 30 and overhead <= 2.0
+            ok = speedup >= 30 and overhead <= 1.3
             target = (f"targets at 4 ranks: >= 30x faster than spawn ({speedup:.0f}x), "
-                      f"<= 2x raw fork ({overhead:.2f}x)")
+                      f"<= 1.3x raw fork ({overhead:.2f}x)")
     print(("MET: " if ok else "MISSED: ") + target)
     return ok
 

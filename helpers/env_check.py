@@ -27,6 +27,32 @@ class Check:
     ok: bool
     found: str
     fix: str = ""
+    warning: str = ""  # worth knowing, but the course runs (printed as WARN, not a FIX)
+
+
+def _os_check(platform_name: str | None = None) -> Check:
+    """The operating system: Linux and macOS run the course; Windows needs WSL2."""
+    import platform
+
+    from helpers._pool.platform import check_supported
+
+    name = platform_name or sys.platform
+    found = f"{platform.system()} {platform.release()} ({platform.machine()})"
+    try:
+        check_supported(name)
+    except OSError as e:
+        return Check("OS: Linux or macOS", False, found, str(e))
+    return Check("OS: Linux or macOS", True, found)
+
+
+def _torch_build_check(torch) -> Check:
+    """A CUDA build of torch runs the course (on the CPU) but is a large download."""
+    cuda = torch.version.cuda
+    if cuda is None:
+        return Check("torch build", True, f"{torch.__version__} (CPU)")
+    return Check("torch build", True, f"{torch.__version__} (CUDA {cuda})",
+                 warning=("a CUDA build: the course runs on the CPU either way; the pinned CPU "
+                          "wheel in requirements.txt is a much smaller download."))
 
 
 def _pinned() -> dict[str, str]:
@@ -52,10 +78,10 @@ def _version(dist_name: str) -> str | None:
 
 def check(verbose: bool = True, run_pool: bool = True) -> list[Check]:
     """Run every check; print a table; raise :class:`EnvironmentProblem` listing the fixes."""
-    results = []
+    results = [_os_check()]
     py = sys.version_info
-    results.append(Check("Python 3.11", py[:2] == (3, 11), sys.version.split()[0],
-                         "Install Python 3.11 and run `make lab`."))
+    results.append(Check("Python 3.11 to 3.13", (3, 11) <= py[:2] <= (3, 13),
+                         sys.version.split()[0], "Install Python 3.11 and run `make lab`."))
     pins = _pinned()
     for name in ("torch", "nbgrader", "ipywidgets", "matplotlib", "papermill", "cloudpickle",
                  "torchmetrics"):
@@ -68,9 +94,7 @@ def check(verbose: bool = True, run_pool: bool = True) -> list[Check]:
         import torch
         import torch.distributed as dist
 
-        cpu_build = torch.version.cuda is None
-        results.append(Check("torch CPU build", cpu_build, torch.__version__,
-                             "This course needs no GPU; the CPU wheel is pinned in requirements.txt."))
+        results.append(_torch_build_check(torch))
         results.append(Check("gloo backend", dist.is_available() and dist.is_gloo_available(),
                              "available" if dist.is_gloo_available() else "missing",
                              "Reinstall torch==2.13.0 from requirements.txt."))
@@ -94,7 +118,8 @@ def check(verbose: bool = True, run_pool: bool = True) -> list[Check]:
     if verbose:
         width = max(len(c.name) for c in results)
         for c in results:
-            print(f"{'ok ' if c.ok else 'FIX'}  {c.name:<{width}}  {c.found}")
+            status = "FIX " if not c.ok else "WARN" if c.warning else "ok  "
+            print(f"{status}  {c.name:<{width}}  {c.found}" + (f": {c.warning}" if c.warning else ""))
     bad = [c for c in results if not c.ok]
     if bad:
         raise EnvironmentProblem(

@@ -4,6 +4,7 @@ hang pictures, the environment check. Real processes and real files throughout."
 from __future__ import annotations
 
 import io
+import re
 import os
 
 import pytest
@@ -147,12 +148,51 @@ def test_plot_hang_draws_one_bar_per_rank_and_states_the_finding():
 
 
 def test_environment_check_passes_here(capsys):
+    import platform
+
     from helpers.env_check import check
 
     results = check()
     assert all(c.ok for c in results)
     out = capsys.readouterr().out
     assert "2-rank gloo pool" in out and "FIX" not in out
+    assert re.search(rf"ok +OS: Linux or macOS +{platform.system()} {re.escape(platform.release())}", out)
+
+
+def test_environment_check_names_what_is_missing_and_how_to_fix_it(tmp_path):
+    """A real failing check: a Python started without its site-packages (-S) finds the
+    course's helpers but none of the packages; the check says what to install, and fails."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", "from helpers.env_check import check; check()"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 1
+    assert "FIX   torch 2.13.0" in out.stdout and "missing" in out.stdout
+    assert "2-rank gloo pool" not in out.stdout  # no pool is tried on a broken environment
+    assert "EnvironmentProblem: This kernel cannot run the course yet:" in out.stderr
+    assert "- torch 2.13.0: found missing. pip install torch==2.13.0  (or: From the course " \
+        "folder run `make lab`" in out.stderr
+
+
+def test_the_environment_check_refuses_windows_and_only_warns_about_a_cuda_build():
+    import types
+
+    from helpers.env_check import _os_check, _torch_build_check
+
+    windows = _os_check("win32")
+    assert not windows.ok and "WSL2" in windows.fix
+    assert _os_check("darwin").ok
+    cuda = _torch_build_check(types.SimpleNamespace(__version__="2.13.0+cu130",
+                                                    version=types.SimpleNamespace(cuda="13.0")))
+    assert cuda.ok and "CUDA 13.0" in cuda.found and "runs on the CPU" in cuda.warning
+    cpu = _torch_build_check(types.SimpleNamespace(__version__="2.13.0+cpu",
+                                                   version=types.SimpleNamespace(cuda=None)))
+    assert cpu.ok and not cpu.warning
 
 
 def test_call_answer_bounds_an_endless_loop_in_the_kernel():

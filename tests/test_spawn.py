@@ -11,15 +11,13 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.spawn import HangError, WorkerError, live_ranks, run
-from tests.conftest import ROOT
+from helpers.spawn import HangError, JoinTimeout, WorkerError, live_ranks, run
 
 
 # ----------------------------------------------------------------------------- basics
@@ -342,11 +340,6 @@ def test_world_size_must_be_an_int():
         run(_rank_and_size, world_size=2.0)
 
 
-def test_timeout_must_be_positive():
-    with pytest.raises(ValueError, match="timeout"):
-        run(_rank_and_size, timeout=0)
-
-
 def test_an_unsendable_return_value_names_the_rank_and_type():
     def f():
         import threading as th
@@ -372,21 +365,208 @@ def test_an_unsendable_function_is_refused_before_any_rank_starts():
 # ----------------------------------------------------------------------------- interrupts
 
 
-def test_keyboard_interrupt_reaches_the_caller_and_kills_the_pool():
-    def slow():
-        import select
+def _ready_then_wait():
+    import select
 
-        select.select([], [], [], 120)
+    print("ready", flush=True)
+    select.select([], [], [], 600)
 
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), __import__("signal").SIGINT))
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run(slow, world_size=2, timeout=300, echo=False)
-    finally:
-        timer.cancel()
+
+def _interrupt_when(line: str):
+    """A stdout stand-in that sends this process SIGINT when a rank prints `line`: the
+    interrupt arrives exactly when the rank says it is running, with no timer."""
+    import signal
+
+    def react(seen):
+        if seen == line:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    return _Recorder(react)
+
+
+def test_keyboard_interrupt_reaches_the_caller_and_kills_the_pool(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", _interrupt_when("[rank 1] ready"))
+    with pytest.raises(KeyboardInterrupt):
+        run(_ready_then_wait, world_size=2, timeout=300)
     assert live_ranks() == []
     assert run(_rank_and_size, world_size=2, echo=False) == [(0, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("during", ["stop", "_kill_the_rest", "_await_exits"])
+def test_a_second_interrupt_while_the_pool_stops_cannot_leave_ranks_alive(monkeypatch, during):
+    """The second SIGINT is sent from inside the stop (at its start, between the kills, while
+    awaiting the exits): it is held until every rank is dead."""
+    import signal
+
+    from helpers._pool.pool import Pool
+
+    original = getattr(Pool, during)
+    seen = []
+
+    def interrupted_again(self, *args, **kwargs):
+        seen.append(during)
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pool, during, interrupted_again)
+    monkeypatch.setattr(sys, "stdout", _interrupt_when("[rank 2] ready"))
+    with pytest.raises(KeyboardInterrupt):
+        run(_ready_then_wait, world_size=3, timeout=300)
+    assert seen == [during]
+    assert live_ranks() == []
+
+
+class _BlockWhileUnpickled:
+    """Unpickling this (in the rank, before it joins the group) prints a line and blocks."""
+
+    def __reduce__(self):
+        return (_ready_then_wait, ())
+
+
+def test_an_interrupt_during_start_up_kills_the_pool(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", _interrupt_when("[rank 0] ready"))
+    with pytest.raises(KeyboardInterrupt):
+        run(_rank_and_size, _BlockWhileUnpickled(), world_size=2, timeout=300)
+    assert live_ranks() == []
+
+
+def test_the_next_run_kills_what_an_earlier_pool_left_alive(monkeypatch):
+    """A pool whose stop never ran (here: skipped on purpose) leaves ranks alive; the next
+    run() ends them before it starts its own."""
+    from helpers._pool.pool import Pool
+
+    stop = Pool.stop
+    monkeypatch.setattr(Pool, "stop", lambda self: None)
+    assert run(_rank_and_size, world_size=2, echo=False) == [(0, 2), (1, 2)]
+    left = live_ranks()
+    assert len(left) == 2
+    monkeypatch.setattr(Pool, "stop", stop)
+    assert run(_rank_and_size, world_size=3, echo=False) == [(0, 3), (1, 3), (2, 3)]
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in left if psutil.pid_exists(p)],
+                                    timeout=10)
+    assert not alive and live_ranks() == []
+
+
+def _start_a_daemon():
+    """A process in its own session (outside the rank's process group), left running."""
+    import subprocess as sp
+
+    child = sp.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                     start_new_session=True)
+    return child.pid
+
+
+def test_a_process_a_rank_started_in_its_own_session_does_not_outlive_the_pool():
+    pids = run(_start_a_daemon, world_size=2, echo=False)
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            continue
+        assert p.status() == psutil.STATUS_ZOMBIE or not p.is_running(), p.cmdline()
+    assert live_ranks() == []
+
+
+# ----------------------------------------------------------------------------- the two clocks
+
+
+class _SlowToUnpickle:
+    """Unpickling this on rank 1 takes `seconds` of start-up (before the rank joins)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return (_start_slowly, (self.seconds,))
+
+
+def _start_slowly(seconds):
+    import select
+
+    if os.environ["RANK"] == "1":
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:  # the delay under test, not a synchronisation
+            select.select([], [], [], end - time.monotonic())
+    return None
+
+
+def test_the_hang_clock_starts_when_every_rank_has_joined():
+    """Start-up that takes longer than `timeout` does not count against fn."""
+    def f(_):
+        dist.barrier()
+        return dist.get_rank()
+
+    assert run(f, _SlowToUnpickle(3), world_size=2, timeout=1, echo=False) == [0, 1]
+
+
+def test_ranks_that_do_not_join_in_time_are_named_with_where_they_were():
+    with pytest.raises(JoinTimeout) as info:
+        run(_rank_and_size, _BlockWhileUnpickled(), world_size=2, start_timeout=2, echo=False)
+    err = info.value
+    assert not isinstance(err, HangError) and isinstance(err, TimeoutError)
+    assert str(err).startswith("ranks 0, 1 did not join the process group within 2 s")
+    assert all(r.phase == "starting" for r in err.ranks)
+    assert live_ranks() == []
+
+
+def test_a_rank_waiting_for_a_late_peer_is_shown_inside_init_process_group():
+    with pytest.raises(JoinTimeout) as info:
+        run(_rank_and_size, _SlowToUnpickle(600), world_size=2, start_timeout=3, echo=False)
+    r0, r1 = info.value.ranks
+    assert r0.waiting_in == "init_process_group"
+    assert "rank 0: still starting, not yet in the process group (in init_process_group())" in str(info.value)
+    assert str(info.value).startswith("ranks 0, 1 did not join")
+    assert r1.function == "_start_slowly" and "rank 1: still starting, not yet in the process " \
+        "group: at `select.select([], [], [], end - time.monotonic())` inside _start_slowly()" \
+        in str(info.value)
+
+
+def test_results_that_arrived_in_time_count_even_if_the_caller_reads_them_late(monkeypatch):
+    """The caller is busy (its output sink takes longer than `timeout`) while the ranks
+    return: at the deadline the results are waiting in the pipes, and they are used."""
+    def slow_sink(line):
+        end = time.monotonic() + 3
+        while time.monotonic() < end:  # a caller busy elsewhere: the delay under test
+            pass
+
+    monkeypatch.setattr(sys, "stdout", _Recorder(slow_sink))
+
+    def f():
+        print("done")
+        return dist.get_rank()
+
+    assert run(f, world_size=2, timeout=1) == [0, 1]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1, 0, "3", True])
+def test_a_timeout_that_is_not_a_positive_finite_number_is_refused(bad):
+    with pytest.raises(ValueError, match="positive, finite number of seconds"):
+        run(_rank_and_size, timeout=bad)
+    with pytest.raises(ValueError, match="start_timeout must be a positive, finite"):
+        run(_rank_and_size, start_timeout=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_threads_are_refused(bad):
+    with pytest.raises(ValueError, match="threads must be a whole number"):
+        run(_rank_and_size, threads=bad)
+
+
+class _CountsItsPickling:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        with open(self.path, "a") as f:
+            f.write("x")
+        return (_CountsItsPickling, (self.path,))
+
+
+def test_a_return_value_is_pickled_once(tmp_path):
+    counter = tmp_path / "count"
+    out = run(lambda: _CountsItsPickling(str(counter)), world_size=1, echo=False)
+    assert isinstance(out[0], _CountsItsPickling)
+    assert counter.read_text() == "x"
 
 
 # ----------------------------------------------------------------------------- simulated nodes

@@ -3,9 +3,12 @@ torch's thread pool, output in the cell, interrupt, and a kernel that dies mid-r
 
 from __future__ import annotations
 
+import os
 import textwrap
 import time
 from pathlib import Path
+
+import sys
 
 import psutil
 import pytest
@@ -15,8 +18,11 @@ pytestmark = pytest.mark.notebook
 
 
 @pytest.fixture
-def kernel(tmp_path):
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+def kernel(tmp_path, request):
+    # The kernel's temp files (and its fork server's) go into tmp_path: a test that kills
+    # them leaves nothing in the run's temp folder.
+    env = {**os.environ, "TMPDIR": str(tmp_path), **getattr(request, "param", {})}
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
     try:
         yield km, kc
     finally:
@@ -126,4 +132,39 @@ def test_no_rank_survives_the_kernel_dying(kernel, tmp_path):
     assert {r.pid for r in ranks} <= {p.pid for p in family}
     kernel_proc.kill()  # the kernel dies: no cleanup code of ours runs in it
     gone, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+DEATH_SIGNAL_OF_RANKS = """
+import ctypes, os, torch.distributed as dist
+from helpers.spawn import run
+def report_then_hang(folder):
+    sig = ctypes.c_int(-1)
+    ctypes.CDLL(None).prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+    with open(os.path.join(folder, f"rank{dist.get_rank()}.pid"), "w") as f:
+        f.write(f"{os.getpid()} {sig.value}")
+    if dist.get_rank() == 0:
+        dist.barrier()
+run(report_then_hang, FOLDER, world_size=2, timeout=600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_GET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("kernel", [{"HELPERS_SPAWN_NO_PDEATHSIG": "1"}], indirect=True)
+def test_the_watchdog_alone_ends_ranks_whose_kernel_and_server_were_killed(kernel, tmp_path):
+    """As on macOS (no parent-death signal): the kernel and the fork server are SIGKILLed
+    while rank 0 waits in a barrier; each rank's watchdog sees its control pipe close."""
+    km, kc = kernel
+    pids = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+    kc.execute(DEATH_SIGNAL_OF_RANKS.replace("FOLDER", repr(str(tmp_path))))
+    wait_for_files(pids)
+    reports = [p.read_text().split() for p in pids]
+    assert [sig for _, sig in reports] == ["0", "0"], "the parent-death signal was armed"
+    ranks = [psutil.Process(int(pid)) for pid, _ in reports]
+    kernel_proc = psutil.Process(km.provisioner.process.pid)
+    servers = [p for p in kernel_proc.children() if "helpers._pool.server" in " ".join(p.cmdline())]
+    assert len(servers) == 1
+    for p in [kernel_proc] + servers:
+        p.kill()
+    gone, alive = psutil.wait_procs(ranks, timeout=30)
     assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"

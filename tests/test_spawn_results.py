@@ -129,14 +129,18 @@ def test_a_numpy_number_is_refused_with_the_fix():
 
 
 def _forge_result(frame: bytes) -> None:
-    """Write `frame` straight onto this rank's result pipe, as code that went looking for the
-    pool's pipe in the rank's stack would."""
-    import sys
+    """Write `frame` on every pipe this rank can write to but stdout and stderr, as code that
+    went looking for the pool's result pipe would (a rank holds only the pool's own pipes)."""
+    import stat
 
-    f = sys._getframe()
-    while f.f_code.co_name != "_rank_main":
-        f = f.f_back
-    os.write(f.f_locals["result_fd"], frame)
+    for fd in range(3, 1024):
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISFIFO(st.st_mode) or st in (os.fstat(1), os.fstat(2)):
+                continue
+            os.write(fd, frame)
+        except OSError:  # not open, or not open for writing
+            continue
 
 
 def _evil_torch_zip(marker: str) -> bytes:

@@ -203,16 +203,16 @@ def find_unplain(value: Any) -> tuple[str, str] | None:
             if t is dict:
                 for k, item in reversed(list(v.items())):
                     if type(k) not in _SCALARS:
-                        return f"a key of {where}", _type_name(k)
+                        return f"a key of {where}", type_name(k)
                     stack.append((f"{where}[{k!r}]", item))
             else:
                 stack.extend((f"{where}[{i}]", item) for i, item in reversed(list(enumerate(v))))
             continue
-        return where, _type_name(v)
+        return where, type_name(v)
     return None
 
 
-def _type_name(v: Any) -> str:
+def type_name(v: Any) -> str:
     t = type(v)
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
