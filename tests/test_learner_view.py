@@ -57,7 +57,8 @@ LONG_CELL_EXCEPTIONS: dict[tuple[str, str], str] = {
 # CI, and the source document learners do not have.
 FORBIDDEN = [
     (re.compile(r"\bthis (?:\d+-core )?machine\b", re.I), "talks about the author's computer"),
-    (re.compile(r"\bbusy machine\b|\bCI machine\b", re.I), "talks about the author's computer"),
+    (re.compile(r"\bbusy machine\b|\bCI machine\b|\bcourse's machines?\b", re.I), "talks about the author's computer"),
+    (re.compile(r"\bcourse's (?:own )?tests\b", re.I), "talks about the course's own test machinery"),
     (re.compile(r"\b\d+[- ]cores?\b", re.I), "talks about the author's computer"),
     (re.compile(r"\bseen (?:here|on this)\b", re.I), "an observation from the author's computer"),
     (re.compile(r"\breference lesson\b", re.I), "names a document learners do not have"),
