@@ -236,7 +236,13 @@ class Server:
 
 
 def _close_all_but(keep: set[int]) -> None:
-    top = 1 << 16
+    """Close every descriptor but 0, 1, 2 and ``keep`` (macOS closes them one by one: bound it
+    by the process's own limit)."""
+    try:
+        top = min(os.sysconf("SC_OPEN_MAX"), 1 << 16)
+    except (OSError, ValueError):
+        top = 1 << 16
+    top = max(top, max(keep, default=2) + 1)
     previous = 2
     for fd in sorted(k for k in keep if k > 2) + [top]:
         if fd > previous + 1:
