@@ -8,7 +8,6 @@ one in at most 3 minutes, both graded with the course's real nbgrader settings.
 
 from __future__ import annotations
 
-import re
 import sys
 import tempfile
 import time
@@ -16,8 +15,9 @@ from pathlib import Path
 
 import nbformat
 
-from course_tools.temp_course import ROOT, make_course, nbgrader, read_scores
+from course_tools import ROOT, depths, nbgrader
 from course_tools.selfcheck import graded_notebooks
+from course_tools.temp_course import fill, make_course, read_scores, reference_answers
 
 HANG = """import torch.distributed as dist
 if dist.is_initialized():
@@ -28,54 +28,29 @@ else:
         pass"""
 
 
-def answers(source: Path, hang: bool) -> dict[str, str]:
-    """grade_id -> the answer cell: the reference body, or a body that hangs."""
-    nb = nbformat.read(source, as_version=4)
-    out = {}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if not meta.get("solution"):
-            continue
-        m = re.search(r"^([ \t]*)### BEGIN SOLUTION\n(.*?)^[ \t]*### END SOLUTION\n?", cell.source,
-                      re.S | re.M)
-        if m is None:
-            continue
-        body = m.group(2)
-        if hang:
-            indent = m.group(1)
-            body = "".join(indent + line + "\n" for line in HANG.splitlines())
-        out[meta["grade_id"]] = cell.source[: m.start()] + body + cell.source[m.end():]
-    return out
-
-
 def grade_everything(hang: bool) -> tuple[float, float, float]:
     """(seconds, score, max) for one student's submission of every depth."""
-    depths = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir()
-                    and graded_notebooks(p))
+    graded = [d for d in depths() if graded_notebooks(ROOT / "solutions" / d)]
     student = "hangs" if hang else "correct"
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
-        course = make_course(Path(tmp), depths)
-        for depth in depths:
+        course = make_course(Path(tmp), graded)
+        for depth in graded:
             dest = course / "submitted" / student / depth
             dest.mkdir(parents=True)
             for source in graded_notebooks(ROOT / "solutions" / depth):
-                nb = nbformat.read(course / "notebooks" / depth / source.name, as_version=4)
-                fill = answers(source, hang)
-                for cell in nb.cells:
-                    gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-                    if cell.metadata.get("nbgrader", {}).get("solution") and gid in fill:
-                        cell.source = fill[gid]
-                nbformat.write(nb, dest / source.name)
+                answers = reference_answers(source, HANG if hang else None)
+                nbformat.write(fill(course / "notebooks" / depth / source.name, answers),
+                               dest / source.name)
             # the lesson notebooks are submitted too, as a learner's fetched folder holds them
             for lesson in (course / "notebooks" / depth).glob("*.ipynb"):
                 if not (dest / lesson.name).exists():
                     (dest / lesson.name).write_bytes(lesson.read_bytes())
         t0 = time.monotonic()
-        for depth in depths:
+        for depth in graded:
             nbgrader("autograde", depth, "--force", cwd=course, timeout=1800)
         seconds = time.monotonic() - t0
         score = most = 0.0
-        for depth in depths:
+        for depth in graded:
             names = [p.stem for p in graded_notebooks(ROOT / "solutions" / depth)]
             g = read_scores(course, depth, names, [student])
             score += g.total(student)

@@ -16,16 +16,19 @@ README's instructor section. It changes four things:
   is deleted afterwards, so files an answer writes do not land in ``autograded/``.
 
 Per-cell time is bounded by ``Execute.timeout`` (the kernel is interrupted and the cell
-fails); pools inside a test are bounded by ``helpers.grading.GRADER_TIMEOUT``.
+fails); the kernel is told that limit (``COURSE_CELL_TIMEOUT``), and each pool a test runs
+gets half of it (``helpers.grading.pool_timeout``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
 import psutil
 from nbclient.exceptions import DeadKernelError
+from nbclient.util import run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 
@@ -86,6 +89,13 @@ class CourseExecute(Execute):
             return cell, self.resources
         finally:
             self._remember_family()
+
+    async def async_start_new_kernel(self, **kwargs):
+        env = dict(kwargs.pop("env", None) or os.environ)
+        env["COURSE_CELL_TIMEOUT"] = str(self.timeout)
+        await super().async_start_new_kernel(env=env, **kwargs)
+
+    start_new_kernel = run_sync(async_start_new_kernel)
 
     # -- processes the kernel started
     def _kernel_pid(self) -> int | None:

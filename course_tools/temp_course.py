@@ -8,13 +8,17 @@ cells are restored from them and hidden tests run) and the course's ``nbgrader_c
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course_tools import ROOT, nbgrader
+from course_tools import ROOT, is_answer_cell, nbgrader
 
-__all__ = ["make_course", "read_scores", "Graded", "exercise_of"]
+__all__ = ["make_course", "read_scores", "Graded", "exercise_of", "reference_answers",
+           "with_body", "fill", "submit"]
+
+_SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n(.*?)^[ \t]*### END SOLUTION\n?", re.S | re.M)
 
 
 def make_course(tmp: Path, depths: list[str], root: Path = ROOT) -> Path:
@@ -73,3 +77,52 @@ def exercise_of(test_id: str, answer_ids: list[str]) -> str:
     """The exercise a test cell checks: the longest answer grade_id its own grade_id contains."""
     hits = [a for a in answer_ids if a in test_id]
     return max(hits, key=len) if hits else test_id
+
+
+# ----------------------------------------------------------------------------- submissions
+
+
+def with_body(source: str, body: str | None = None) -> str:
+    """An instructor answer cell as a learner would submit it: the solution region replaced by
+    ``body`` (indented like the region; ``None`` keeps the reference solution), the def line
+    and docstring around it kept."""
+    m = _SOLUTION.search(source)
+    if m is None:
+        return source
+    if body is None:
+        body = m.group(2)
+    else:
+        body = "".join(m.group(1) + line + "\n" if line.strip() else "\n" for line in body.splitlines())
+    return source[: m.start()] + body + source[m.end():]
+
+
+def reference_answers(source: Path, body: str | None = None) -> dict[str, str]:
+    """grade_id -> every answer cell of an instructor notebook as submitted: its reference
+    solution, or ``body`` in place of each solution region."""
+    import nbformat
+
+    nb = nbformat.read(source, as_version=4)
+    return {c.metadata["nbgrader"]["grade_id"]: with_body(c.source, body).rstrip("\n")
+            for c in nb.cells if c.cell_type == "code" and is_answer_cell(c)}
+
+
+def fill(released: Path, answers: dict[str, str]):
+    """The released notebook with these answer cells written in (others keep their stub)."""
+    import nbformat
+
+    nb = nbformat.read(released, as_version=4)
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if is_answer_cell(cell) and gid in answers:
+            cell.source = answers[gid]
+    return nb
+
+
+def submit(course: Path, student: str, depth: str, name: str, answers: dict[str, str]) -> Path:
+    """Write ``student``'s submission of ``depth/name`` (the released notebook, these answers)."""
+    import nbformat
+
+    dest = course / "submitted" / student / depth
+    dest.mkdir(parents=True, exist_ok=True)
+    nbformat.write(fill(course / "notebooks" / depth / name, answers), dest / name)
+    return dest / name

@@ -4,7 +4,8 @@
 generates the learner version with ``nbgrader generate_assignment``, writes one submission per
 student (the learner version with its answer cells filled in), runs ``nbgrader autograde`` once
 for all of them, and returns each student's score per graded cell, read from the gradebook.
-The course machinery itself lives in :mod:`course_tools.temp_course` (``make check`` uses it too).
+The course machinery itself lives in :mod:`course_tools.temp_course` (``make check`` and
+``make bench`` use it too).
 """
 
 from __future__ import annotations
@@ -14,58 +15,45 @@ from pathlib import Path
 
 import nbformat
 
-from course_tools import nbgrader, venv_env  # noqa: F401 - re-exported
-from course_tools.temp_course import Graded, read_scores  # noqa: F401 - re-exported
-from course_tools.temp_course import make_course as _make_course
-
-SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+from course_tools import is_graded_cell, nbgrader, venv_env  # noqa: F401 - re-exported
+from course_tools.temp_course import (Graded, fill, make_course, read_scores,  # noqa: F401
+                                      reference_answers, submit)
 
 
-def reference_answers(source: Path) -> dict[str, str]:
-    """grade_id -> source of every solution cell of an instructor notebook, markers removed."""
-    nb = nbformat.read(source, as_version=4)
-    answers = {}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if meta.get("solution") and cell.cell_type == "code":
-            lines = [l for l in cell.source.splitlines() if l.strip() not in SOLUTION_MARKERS]
-            answers[meta["grade_id"]] = "\n".join(lines)
-    return answers
+def grading_bound(notebooks: list[Path], students: int, config=None) -> float:
+    """Seconds an autograde of these notebooks for ``students`` students may take, from the
+    configured limits: every code cell of every notebook at its cell timeout, plus a kernel
+    start each (``Execute.timeout``, ``Execute.startup_timeout`` in nbgrader_config.py)."""
+    from traitlets.config import Config
 
+    from course_tools import ROOT
 
-def make_course(tmp: Path, depth: str) -> Path:
-    return _make_course(tmp, [depth])
-
-
-def fill(released: Path, answers: dict[str, str]) -> nbformat.NotebookNode:
-    """The released notebook with these answer cells written in (others keep their stub)."""
-    nb = nbformat.read(released, as_version=4)
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if meta.get("solution") and meta.get("grade_id") in answers:
-            cell.source = answers[meta["grade_id"]]
-    return nb
+    c = Config()
+    path = Path(config or ROOT / "nbgrader_config.py")
+    exec(compile(path.read_text(), str(path), "exec"), {"get_config": lambda: c})
+    cells = sum(sum(cell.cell_type == "code" for cell in nbformat.read(nb, as_version=4).cells)
+                for nb in notebooks)
+    return students * (cells * c.Execute.timeout + len(notebooks) * c.Execute.startup_timeout)
 
 
 def autograde(source: Path, submissions: dict[str, dict[str, str] | None], tmp: Path,
-              timeout: float = 900) -> Graded:
+              extra: tuple = ()) -> Graded:
     """Grade one notebook for several students.
 
     ``submissions`` maps a student id to ``{grade_id: answer source}`` for the answer cells
     they wrote (cells not named keep the released stub), or to ``None`` for the reference
-    solutions.
+    solutions. ``extra``: more arguments for ``nbgrader autograde``.
     """
     depth = source.parent.name
-    course = make_course(tmp, depth)
-    released = course / "notebooks" / depth / source.name
+    course = make_course(tmp, [depth])
     reference = reference_answers(source)
     for student, answers in submissions.items():
-        dest = course / "submitted" / student / depth
-        dest.mkdir(parents=True)
-        nbformat.write(fill(released, reference if answers is None else answers), dest / source.name)
+        submit(course, student, depth, source.name, reference if answers is None else answers)
     t0 = time.monotonic()
-    nbgrader("autograde", depth, "--force", cwd=course, timeout=timeout)
+    nbgrader("autograde", depth, "--force", *extra, cwd=course,
+             timeout=grading_bound([source], len(submissions)))
     seconds = time.monotonic() - t0
+    print(f"autograde of {len(submissions)} submissions of {source.name}: {seconds:.0f} s")
     return read_scores(course, depth, source.stem, list(submissions), seconds)
 
 

@@ -12,10 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import save as bare_save
 
-import helpers.grading.answers
 from helpers.grading import beginner as checks
 from helpers.lessons import beginner as data
-from helpers.spawn import run
 
 # ---------------------------------------------------------------- save_once answers
 
@@ -77,59 +75,66 @@ def save_barrier_only_rank0(obj, path):
         dist.barrier()
 
 
+def save_sleeps_instead(obj, path):
+    """The lazy answer: the other workers sleep a fixed time instead of waiting for the save."""
+    import time
+
+    if dist.get_rank() == 0:
+        torch.save(obj, path)
+    else:
+        time.sleep(float(os.environ.get("SLEEP", "1")))
+
+
 @pytest.mark.parametrize("answer", [save_reference, save_bare_import, save_file_object],
                          ids=lambda f: f.__name__)
-def test_right_save_once_passes_both_checks(answer):
-    checks.check_only_rank0_writes(answer, world_size=3)
-    checks.check_everyone_waits(answer, world_size=3)
+def test_right_save_once_passes_both_checks(answer, capsys):
+    checks.save_once_only_rank0_writes(answer, world_size=3)
+    checks.save_once_everyone_waits(answer, world_size=3)
+    assert capsys.readouterr().out.splitlines() == [
+        "✓ only worker 0 wrote the file (3 workers)",
+        "✓ every worker found the file complete, short save and long (3 workers)"]
 
 
 @pytest.mark.parametrize("answer,words", [
-    (save_everyone, "Ranks 0, 1 and 2 all called torch.save"),
-    (save_wrong_rank, "Rank 1 wrote the file, but rank 0 did not"),
-    (save_nothing, "No rank called torch.save"),
-    (save_something_else, "does not hold the object rank 0 passed"),
+    (save_everyone, "Workers 0, 1 and 2 all called torch.save"),
+    (save_wrong_rank, "Worker 1 wrote the file, but worker 0 did not"),
+    (save_nothing, "No worker called torch.save"),
+    (save_something_else, "does not hold the object worker 0 passed"),
 ], ids=lambda x: getattr(x, "__name__", "words"))
 def test_only_rank0_check_names_the_mistake(answer, words):
     with pytest.raises(AssertionError, match=words):
-        checks.check_only_rank0_writes(answer, world_size=3)
+        checks.save_once_only_rank0_writes(answer, world_size=3)
 
 
 @pytest.mark.parametrize("answer", [save_no_barrier, save_file_object_no_barrier],
                          ids=lambda f: f.__name__)
 def test_a_missing_barrier_fails_every_time(answer):
     """Three runs in a row: the slow save makes the race show on every one of them."""
-    checks.check_only_rank0_writes(answer, world_size=3)  # it does write once...
+    checks.save_once_only_rank0_writes(answer, world_size=3)  # it does write once...
     for _ in range(3):
         with pytest.raises(AssertionError, match="opened the file as soon as save_once returned"):
-            checks.check_everyone_waits(answer, world_size=3)  # ...but nobody waits
+            checks.save_once_everyone_waits(answer, world_size=3)  # ...but nobody waits
+
+
+@pytest.mark.parametrize("sleep,words", [
+    ("0.5", "found it only half-written|found no file"),   # long enough for the short save only
+    ("3.5", r"returned \d\.\d s after worker 0's save"),   # long enough for both: too late after the short one
+])
+def test_no_fixed_sleep_passes_the_waiting_check(monkeypatch, sleep, words):
+    monkeypatch.setenv("SLEEP", sleep)
+    with pytest.raises(AssertionError, match=words):
+        checks.save_once_everyone_waits(save_sleeps_instead, world_size=3)
 
 
 def test_every_worker_writing_passes_the_waiting_check():
     """Its mistake is covered by the other check only (identical bytes, all done before the barrier)."""
-    checks.check_everyone_waits(save_everyone, world_size=3)
+    checks.save_once_everyone_waits(save_everyone, world_size=3)
 
 
 def test_a_barrier_only_rank0_reaches_is_a_bounded_failure(monkeypatch):
-    monkeypatch.setattr(helpers.grading.answers, "GRADER_TIMEOUT", 4.0)
-    with pytest.raises(AssertionError, match=r"Rank 0 was stuck at `dist.barrier\(\)`"):
-        checks.check_only_rank0_writes(save_barrier_only_rank0, world_size=3)
-
-
-def _recorded_in_rank(fn, folder):
-    log: list = []
-    before = torch.save
-    with checks.recording_saves(fn, log, slow={"chunks": 2, "pause": 0.01}):
-        fn({"a": torch.ones(2)}, os.path.join(folder, f"{dist.get_rank()}.pt"))
-    return len(log), torch.save is before, torch.serialization.save is before
-
-
-def test_recording_saves_sees_every_style_and_restores_torch_save(tmp_path):
-    for answer in (save_everyone, save_bare_import, save_file_object):
-        got = run(_recorded_in_rank, answer, str(tmp_path), world_size=2, echo=False)
-        writers = [n for n, _, _ in got]
-        assert writers == ([1, 1] if answer is save_everyone else [1, 0]), answer.__name__
-        assert all(restored and restored2 for _, restored, restored2 in got)
+    monkeypatch.setenv("COURSE_CELL_TIMEOUT", "8")  # the pool gets half: 4 s
+    with pytest.raises(AssertionError, match=r"hung for 4 s\. Rank 0 was stuck at `dist.barrier\(\)`"):
+        checks.save_once_only_rank0_writes(save_barrier_only_rank0, world_size=3)
 
 
 # ---------------------------------------------------------------- combined_average answers
@@ -180,9 +185,9 @@ EQUAL = dict(losses=[0.5, 2.0, 1.1], counts=[4, 4, 4])
 @pytest.mark.parametrize("answer", [avg_reference, avg_gather, avg_tensor_result],
                          ids=lambda f: f.__name__)
 def test_right_combined_average_passes(answer):
-    checks.check_combined_average(answer, **EQUAL)
-    checks.check_combined_average(answer, **UNEQUAL)
-    checks.check_combined_average(answer, losses=[0.2, 3.5, 1.25, 0.9, 2.0], counts=[1, 7, 3, 12, 2])
+    checks.combined_average_same_on_every_worker(answer, **EQUAL)
+    checks.combined_average_unequal_counts(answer, **UNEQUAL)
+    checks.combined_average_unequal_counts(answer, losses=[0.2, 3.5, 1.25, 0.9, 2.0], counts=[1, 7, 3, 12, 2])
 
 
 @pytest.mark.parametrize("answer,equal_passes,words", [
@@ -193,12 +198,12 @@ def test_right_combined_average_passes(answer):
 ], ids=lambda x: getattr(x, "__name__", str(x)))
 def test_wrong_combined_average_is_explained(answer, equal_passes, words):
     if equal_passes:
-        checks.check_combined_average(answer, **EQUAL)
+        checks.combined_average_same_on_every_worker(answer, **EQUAL)
     else:
         with pytest.raises(AssertionError, match=words):
-            checks.check_combined_average(answer, **EQUAL)
+            checks.combined_average_same_on_every_worker(answer, **EQUAL)
     with pytest.raises(AssertionError, match=words):
-        checks.check_combined_average(answer, **UNEQUAL)
+        checks.combined_average_unequal_counts(answer, **UNEQUAL)
 
 
 # ---------------------------------------------------------------- the lesson's data and pictures

@@ -131,7 +131,7 @@ EXPECTED_LOST = {
 FEEDBACK = {
     ("no_barrier_avg_of_avgs", WAITS): "opened the file as soon as save_once returned",
     ("no_barrier_avg_of_avgs", UNEQUAL): "average of the 3 workers' averages",
-    ("every_writer_local", ONLY_RANK0): "Only rank 0 should write",
+    ("every_writer_local", ONLY_RANK0): "Only worker 0 should write",
     ("every_writer_local", SAME): "Each worker returned its own loss",
     ("every_writer_local", UNEQUAL): "Each worker returned its own loss",
     ("rank0_barrier_count_x_world", ONLY_RANK0): "Rank 0 was stuck at `dist.barrier()`",
@@ -144,12 +144,7 @@ FEEDBACK = {
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COURSE_GRADER_TIMEOUT", "10")  # a hanging answer costs 10 s, not 20
-    try:
-        return autograde(EXERCISES, STUDENTS, tmp_path_factory.mktemp("beginner-grading"))
-    finally:
-        mp.undo()
+    return autograde(EXERCISES, STUDENTS, tmp_path_factory.mktemp("beginner-grading"))
 
 
 @pytest.mark.grading
@@ -174,10 +169,3 @@ def test_feedback_names_the_mistake(graded, student, grade_id):
     nb = graded.course / "autograded" / student / "beginner" / EXERCISES.name
     text = cell_output(nb, grade_id)
     assert FEEDBACK[student, grade_id] in text, text[-1500:]
-
-
-@pytest.mark.grading
-def test_grading_is_bounded(graded):
-    """Two hanging answers at 10 s each plus eight notebook runs: well under the suite's limit."""
-    print(f"autograde of {len(STUDENTS)} students: {graded.seconds:.0f} s")
-    assert graded.seconds < 400

@@ -1,29 +1,81 @@
-"""Run a learner's answer on real ranks and turn what went wrong into feedback that teaches.
+"""Run a learner's answer in worker processes and turn what went wrong into feedback that teaches.
 
-Used by the graded cells of every lesson (visible and hidden tests); see
-``solutions/*/`` for the exercises. Every check runs the learner's function in a real gloo
-pool through :func:`helpers.spawn.run`, with a bounded timeout, so an answer that hangs fails
-its own test cell and the rest of the notebook is still graded.
+Used by every depth's checks (:mod:`helpers.grading.beginner`, ``developer``, ``researcher``),
+which the exercises notebooks' test cells call. Each check runs the learner's function in
+real processes through :func:`helpers.spawn.run`: on the ranks of a gloo pool
+(:func:`run_answer`), or in one worker process for an answer that is not distributed
+(:func:`call`). The learner's code never runs in the kernel that grades it, and every run
+is bounded in time, so an answer that hangs fails its own test cell and the rest of the
+notebook is still graded.
+
+A check that passes prints one line, ``✓ ...`` (:func:`passed`); one that fails raises
+:class:`CheckFailed`, an ``AssertionError`` that Jupyter shows as its message alone, without
+a traceback through these helpers.
 """
 
 from __future__ import annotations
 
 import os
+import types
+from pathlib import Path
 from typing import Callable
 
 from helpers.spawn import HangError, WorkerError, run
 
-__all__ = ["run_answer", "GRADER_TIMEOUT", "feedback_for_hang", "feedback_for_error",
-           "forget_hangs", "call_answer"]
+__all__ = ["CheckFailed", "fail", "passed", "run_answer", "call", "pool_timeout", "cell_timeout",
+           "feedback_for_hang", "feedback_for_error", "forget_hangs", "scratch"]
 
-#: Seconds a graded pool may take. Answers here are tiny (a correct one, slow writes
-#: included, finishes in about 2 s); anything slower is a hang.
-GRADER_TIMEOUT = float(os.environ.get("COURSE_GRADER_TIMEOUT", "10"))
+#: Seconds nbgrader gives one cell when ``nbgrader_config.py`` cannot be read.
+DEFAULT_CELL_TIMEOUT = 30.0
 
-#: Answers that already hung in this kernel, with the feedback they got. A second test of
-#: the same answer fails at once instead of waiting for another timeout, so a notebook
-#: whose every answer hangs is still graded in bounded, short time.
-_HUNG: dict[str, str] = {}
+
+class CheckFailed(AssertionError):
+    """A check that failed. Jupyter shows its message only: the learner reads what went wrong
+    and what to do, not a traceback through the grader's code."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython's hook for custom tracebacks
+        return ["✗ " + line if i == 0 else line for i, line in enumerate(str(self).splitlines())]
+
+
+def fail(message: str) -> None:
+    """Raise :class:`CheckFailed` with ``message``."""
+    raise CheckFailed(message)
+
+
+def passed(message: str) -> None:
+    """The one line a passing check prints."""
+    print(f"✓ {message}", flush=True)
+
+
+# ----------------------------------------------------------------------------- time limits
+
+
+def cell_timeout() -> float:
+    """Seconds nbgrader gives one test cell: ``COURSE_CELL_TIMEOUT`` when the grader's execute
+    step set it (it does, from its ``timeout``), else ``Execute.timeout`` in the course's
+    ``nbgrader_config.py``, read now (not at import)."""
+    value = os.environ.get("COURSE_CELL_TIMEOUT")
+    if value:
+        return float(value)
+    config = Path(__file__).resolve().parents[2] / "nbgrader_config.py"
+    try:
+        from traitlets.config import Config
+
+        c = Config()
+        exec(compile(config.read_text(), str(config), "exec"), {"get_config": lambda: c})
+        return float(c.Execute.timeout)
+    except (OSError, ImportError, AttributeError, TypeError, ValueError):
+        return DEFAULT_CELL_TIMEOUT
+
+
+def pool_timeout() -> float:
+    """Seconds one graded pool may take: half the cell's limit, so that a hanging answer is
+    reported by the pool (which rank waited on which line) rather than cut off by the cell's
+    limit, and a test cell's other runs still fit. A correct answer takes 1 to 4 s."""
+    return cell_timeout() / 2
+
+
+# ----------------------------------------------------------------------------- feedback
 
 
 def feedback_for_hang(err: HangError, name: str) -> str:
@@ -47,8 +99,6 @@ def feedback_for_hang(err: HangError, name: str) -> str:
 def feedback_for_error(err: WorkerError, name: str) -> str:
     if err.exc_type == "NotImplementedError":
         return f"{name}() is not written yet: replace `raise NotImplementedError()` with your code."
-    if err.exc_type == "AssertionError":  # a check the grader ran inside the rank
-        return f"On rank {err.rank}: {err.exc_message}"
     text = f"{name}() raised {err.exc_type} on rank {err.rank}: {err.exc_message}"
     tb = err.remote_traceback.strip().splitlines()
     if tb:
@@ -56,84 +106,93 @@ def feedback_for_error(err: WorkerError, name: str) -> str:
     return text
 
 
-def _answer_key(name: str, args, kwargs) -> tuple:
-    """The answer's name and its code: a redefined (fixed) answer is tried afresh."""
-    import sys
+# ----------------------------------------------------------------------------- running answers
 
-    candidates = [a for a in list(args) + list(kwargs.values()) if getattr(a, "__name__", None) == name]
-    if not candidates:  # the harness calls the answer as a notebook global
-        main = sys.modules.get("__main__")
-        found = getattr(main, name, None) if main is not None else None
-        candidates = [found] if found is not None else []
-    codes = []
-    for a in candidates:
-        code = getattr(a, "__code__", None)
-        if code is not None:
-            codes.append((code.co_code, repr(code.co_consts), code.co_names))
-    return (name, tuple(codes))
+#: Answers that already hung in this kernel, with the feedback they got. A second test of the
+#: same answer fails at once instead of waiting for another timeout, so a notebook whose every
+#: answer hangs is still graded in bounded, short time. Keyed by the answer's code: an answer
+#: that was fixed and run again is tried afresh.
+_HUNG: dict[tuple, str] = {}
 
 
-def run_answer(harness: Callable, *args, name: str, world_size: int = 3,
+def _answer_key(fn, name: str) -> tuple:
+    code = fn.__code__
+    return (name, code.co_code, repr(code.co_consts), code.co_names)
+
+
+def _require_function(fn, name: str) -> None:
+    __tracebackhide__ = True
+    if type(fn) is not types.FunctionType:
+        fail(f"{name} should be a function written with `def {name}(...):`, but it is "
+             f"{type(fn).__name__!r}. Run the cell that defines it, then this test again.")
+
+
+def run_answer(harness: Callable, fn: Callable, *args, name: str, world_size: int = 3,
                timeout: float | None = None, **kwargs) -> list:
-    """``run(harness, *args, ...)``; a hang or a crash becomes an ``AssertionError`` with advice.
+    """``run(harness, fn, *args, ...)`` on ``world_size`` ranks; return each rank's value.
 
-    ``name`` is the learner's function's name, used in the feedback. If that function
+    ``fn`` is the learner's function (called ``name`` in the feedback); the harness calls it
+    on every rank. A hang or a crash becomes :class:`CheckFailed` with advice. If ``fn``
     already hung in an earlier test in this kernel, this fails at once with the same advice.
     """
-    key = _answer_key(name, args, kwargs)
+    __tracebackhide__ = True
+    _require_function(fn, name)
+    key = _answer_key(fn, name)
     if key in _HUNG:
-        raise AssertionError(f"Not run again: {_HUNG[key]}")
+        fail(f"Not run again: {_HUNG[key]}")
+    kwargs.setdefault("echo", False)
     try:
-        return run(harness, *args, world_size=world_size,
-                   timeout=GRADER_TIMEOUT if timeout is None else timeout, **kwargs)
+        return run(harness, fn, *args, world_size=world_size,
+                   timeout=pool_timeout() if timeout is None else timeout, **kwargs)
     except HangError as e:
         _HUNG[key] = feedback_for_hang(e, name)
-        raise AssertionError(_HUNG[key]) from None
+        fail(_HUNG[key])
     except KeyboardInterrupt:
         # The grader interrupts a cell that runs past its time limit: that was this answer.
         _HUNG[key] = f"{name}() was still running when the cell's time limit interrupted it."
         raise
     except WorkerError as e:
-        raise AssertionError(feedback_for_error(e, name)) from None
+        fail(feedback_for_error(e, name))
 
 
-def call_answer(fn: Callable, *args, name: str, timeout: float | None = None, **kwargs):
-    """Call a single-process answer in this kernel, bounded in time like :func:`run_answer`.
-
-    An answer still running after ``timeout`` seconds (an endless loop) is stopped with an
-    ``AssertionError`` that says so, and is not called again by later tests of this kernel;
-    an exception it raises propagates unchanged (tests may expect a ``ValueError``).
-    Uses ``SIGALRM``, so call it from the main thread (as notebook cells run).
-    """
-    import signal
-    import threading
-
-    key = _answer_key(name, (fn,), {})
-    if key in _HUNG:
-        raise AssertionError(f"Not run again: {_HUNG[key]}")
-    limit = GRADER_TIMEOUT if timeout is None else timeout
-    if threading.current_thread() is not threading.main_thread():
-        return fn(*args, **kwargs)
-
-    class _TooSlow(BaseException):
-        pass
-
-    def alarm(signum, frame):
-        raise _TooSlow()
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, limit)
+def _call_in_worker(fn, args, kwargs):
+    """In the worker: the answer's value, or the exception it raised (as data, not raised)."""
     try:
-        return fn(*args, **kwargs)
-    except _TooSlow:
-        _HUNG[key] = (f"{name}() did not return within {limit:g} s: look for a loop that never "
-                      "ends or a wait for something that never comes.")
-        raise AssertionError(_HUNG[key]) from None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        return {"value": fn(*args, **kwargs)}
+    except Exception as e:  # noqa: BLE001 - what the answer raised is the result
+        return {"raised": type(e).__name__, "is_value_error": isinstance(e, ValueError),
+                "message": str(e)[:300]}
+
+
+def call(fn: Callable, *args, name: str, timeout: float | None = None, **kwargs) -> dict:
+    """Call a single-process answer once, in a worker process (never in this kernel).
+
+    Returns ``{"value": ...}`` or, if it raised an ``Exception``, ``{"raised": type name,
+    "is_value_error": bool, "message": str}``. A hang is reported like :func:`run_answer`'s.
+    """
+    __tracebackhide__ = True
+    return run_answer(_call_in_worker, fn, args, kwargs, name=name, world_size=1,
+                      timeout=timeout, init_process_group=False)[0]
 
 
 def forget_hangs() -> None:
     """Let every answer be tried again (after the learner re-ran a fixed answer cell)."""
     _HUNG.clear()
+
+
+# ----------------------------------------------------------------------------- files
+
+
+class scratch:
+    """``with scratch() as folder:`` a new empty folder for one check, removed afterwards."""
+
+    def __enter__(self) -> str:
+        import tempfile
+
+        self.folder = tempfile.mkdtemp(prefix="grader-")
+        return self.folder
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,343 @@
+"""Checks of the researcher exercises (``notebooks/researcher/06_exercises.ipynb``).
+
+A test cell imports this module and calls one check, named after the cell (the cell
+``test_pooled_mean_values`` calls :func:`pooled_mean_values`)::
+
+    from helpers.grading import researcher as check
+    check.pooled_mean_values(pooled_mean)
+
+``pooled_mean`` and ``atomic_save`` are single-process functions: they run in worker processes
+(:func:`helpers.grading.answers.call`, or several ranks each in its own folder), never in the
+grading kernel. ``gather_unique`` runs on the ranks of a gloo pool. What comes back is plain
+data; every comparison with the right answer is made here, in the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from helpers.grading.answers import fail, passed, run_answer, scratch
+
+__all__ = ["pooled_mean_values", "pooled_mean_errors", "gather_unique_padded",
+           "gather_unique_dtypes", "atomic_save_roundtrip", "atomic_save_no_torn_reads",
+           "atomic_save_no_leftovers", "ERROR_CASES"]
+
+#: Inputs that have no pooled mean, by what is wrong with them.
+ERROR_CASES = {
+    "the lengths differ": ([1.0, 2.0], [1]),
+    "a count is negative": ([1.0, 2.0], [3, -1]),
+    "the counts sum to zero": ([1.0, 2.0], [0, 0]),
+    "there are no groups at all": ([], []),
+}
+
+
+# ----------------------------------------------------------------------------- pooled_mean
+
+
+def _not_written(result: dict, name: str) -> None:
+    __tracebackhide__ = True
+    if result.get("raised") == "NotImplementedError":
+        fail(f"{name}() is not written yet: replace `raise NotImplementedError()` with your code.")
+
+
+def _number(result: dict, call_text: str) -> float:
+    __tracebackhide__ = True
+    _not_written(result, "pooled_mean")
+    if "raised" in result:
+        fail(f"{call_text} raised {result['raised']}: {result['message']}. These inputs are valid: "
+             "return their pooled mean.")
+    value = result["value"]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        fail(f"{call_text} returned {value!r:.60}; return a float.")
+
+
+def _pooled_mean_cases(fn, cases):
+    """In one worker: fn on each (losses, counts); the value or what it raised, per case."""
+    from helpers.grading.answers import _call_in_worker
+
+    return [_call_in_worker(fn, (losses, counts), {}) for losses, counts in cases]
+
+
+def _pooled_on_ranks(pooled_mean):
+    """Rank r holds 5, 20 or 75 per-sample losses; every rank pools the ranks' means."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    n = [5, 20, 75][rank]
+    losses = torch.arange(n, dtype=torch.float64) / 10 + rank  # rank r's per-sample losses
+    pairs = [None] * dist.get_world_size()
+    dist.all_gather_object(pairs, (losses.mean().item(), n))
+    got = pooled_mean([p[0] for p in pairs], [p[1] for p in pairs])
+    if hasattr(got, "item"):
+        got = got.item()
+    return {"pairs": pairs, "got": got}
+
+
+def pooled_mean_values(pooled_mean, cases=None) -> None:
+    """pooled_mean weights every group by its sample count: checked on small inputs and on
+    uneven shards of 3 real ranks. ``cases``: more ``(losses, counts, expected)``."""
+    __tracebackhide__ = True
+    fixed = [([0.59, 2.12], [3, 3], 1.355), ([1.0, 3.0], [1, 3], 2.5)] + list(cases or [])
+    results = run_answer(_pooled_mean_cases, pooled_mean, [(l, c) for l, c, _ in fixed],
+                         name="pooled_mean", world_size=1, init_process_group=False)[0]
+    for (losses, counts, want), result in zip(fixed, results):
+        got = _number(result, f"pooled_mean({losses}, {counts})")
+        if not math.isclose(got, want, abs_tol=1e-9):
+            hint = ""
+            if math.isclose(got, sum(losses) / max(1, len(losses)), abs_tol=1e-9):
+                hint = (f" Weight each loss by its count; the unweighted mean ({got}) ignores how "
+                        "many samples each group has.")
+            if 0 in counts:
+                hint += " A group with count 0 must not count."
+            fail(f"pooled_mean({losses}, {counts}) returned {got}, expected "
+                 f"{' + '.join(f'{c}*{l}' for l, c in zip(losses, counts))} / {sum(counts)} = {want:g}.{hint}")
+    ranks = run_answer(_pooled_on_ranks, pooled_mean, name="pooled_mean", world_size=3)
+    pairs = ranks[0]["pairs"]
+    everything = [i / 10 + r for r, m in enumerate([5, 20, 75]) for i in range(m)]
+    truth = sum(everything) / len(everything)
+    for r in ranks:
+        try:
+            got = float(r["got"])
+        except (TypeError, ValueError):
+            fail(f"On rank {ranks.index(r)} pooled_mean returned {r['got']!r:.60}; return a float.")
+        if not math.isclose(got, truth, abs_tol=1e-9):
+            fail(f"With per-rank means {[round(p[0], 3) for p in pairs]} over {[p[1] for p in pairs]} "
+                 f"samples, pooled_mean returned {got:.6f}; the mean over all 100 samples is {truth:.6f}.")
+    passed(f"pooled_mean weights every group by its count ({len(fixed)} inputs and 3 ranks)")
+
+
+def pooled_mean_errors(pooled_mean, cases=("the lengths differ",)) -> None:
+    """pooled_mean raises ValueError for inputs that have no pooled mean (``cases`` names them,
+    from :data:`ERROR_CASES`), and still returns a number for a valid input."""
+    __tracebackhide__ = True
+    inputs = [ERROR_CASES[c] for c in cases] + [([1.0, 3.0], [1, 3])]
+    results = run_answer(_pooled_mean_cases, pooled_mean, inputs, name="pooled_mean",
+                         world_size=1, init_process_group=False)[0]
+    for why, (losses, counts), result in zip(cases, inputs, results):
+        _not_written(result, "pooled_mean")
+        if "raised" not in result:
+            fail(f"pooled_mean({losses}, {counts}) returned {result['value']!r:.40}; expected "
+                 f"ValueError ({why}).")
+        if not result["is_value_error"]:
+            fail(f"pooled_mean({losses}, {counts}) raised {result['raised']}; expected ValueError ({why}).")
+    _number(results[-1], "pooled_mean([1.0, 3.0], [1, 3])")
+    passed(f"pooled_mean refuses what has no mean ({', '.join(cases)})")
+
+
+# ----------------------------------------------------------------------------- gather_unique
+
+
+def _gather_in_rank(gather_unique, n, shuffle, pred_dtype, label_dtype):
+    import torch
+    from torch.utils.data.distributed import DistributedSampler
+
+    idx = torch.tensor(list(DistributedSampler(range(n), shuffle=shuffle, seed=7)))
+    preds = (idx.double() * 0.5 + 0.25).to(getattr(torch, pred_dtype))  # sample i: 0.5 i + 0.25
+    labels = (idx % 3 == 0).to(getattr(torch, label_dtype))
+    out = gather_unique(preds, labels, idx)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return {"shard": len(idx), "returned": type(out).__name__}
+    return {"shard": len(idx), "preds": out[0], "labels": out[1]}
+
+
+def _gather(gather_unique, n, shuffle, world_size, pred_dtype, label_dtype) -> None:
+    __tracebackhide__ = True
+    import torch
+
+    ranks = run_answer(_gather_in_rank, gather_unique, n, shuffle, pred_dtype, label_dtype,
+                       name="gather_unique", world_size=world_size)
+    want = torch.arange(n)
+    p_want = (want.double() * 0.5 + 0.25).to(getattr(torch, pred_dtype))
+    l_want = (want % 3 == 0).to(getattr(torch, label_dtype))
+    for rank, r in enumerate(ranks):
+        if "returned" in r:
+            fail(f"gather_unique returned a {r['returned']} on rank {rank}: return a tuple (preds, labels).")
+        p, l = r["preds"], r["labels"]
+        if not (isinstance(p, torch.Tensor) and isinstance(l, torch.Tensor)):
+            fail(f"gather_unique returned ({type(p).__name__}, {type(l).__name__}) on rank {rank}: "
+                 "return two tensors.")
+        if len(p) == r["shard"] < n:
+            fail(f"Rank {rank} got back only its own {r['shard']} samples; gather every rank's shard first.")
+        if len(p) > n:
+            fail(f"Got {len(p)} predictions for a data set of {n}: the {world_size * r['shard'] - n} "
+                 "padded duplicates added by DistributedSampler were kept; keep each original index once.")
+        if len(p) != n or len(l) != n:
+            fail(f"Expected {n} predictions and labels, got {len(p)} and {len(l)}.")
+        if p.dtype != p_want.dtype or l.dtype != l_want.dtype:
+            fail(f"Dtypes changed: preds {p_want.dtype} -> {p.dtype}, labels {l_want.dtype} -> {l.dtype}.")
+        if not torch.equal(p, p_want):
+            fail("Predictions are not ordered by original index (or do not belong to their index).")
+        if not torch.equal(l, l_want):
+            fail("Labels are not ordered by original index.")
+
+
+def gather_unique_padded(gather_unique, n: int = 10, world_size: int = 3,
+                         shuffle: bool = False) -> None:
+    """gather_unique drops the sampler's padding: ``n`` samples on ``world_size`` ranks."""
+    __tracebackhide__ = True
+    _gather(gather_unique, n, shuffle, world_size, "float32", "int64")
+    pad = -n % world_size
+    passed(f"{n} samples on {world_size} ranks, {pad} padded duplicate(s) dropped")
+
+
+def gather_unique_dtypes(gather_unique, n: int = 9, world_size: int = 3, shuffle: bool = False,
+                         pred_dtype: str = "float64", label_dtype: str = "bool") -> None:
+    """gather_unique keeps the input dtypes (``pred_dtype``, ``label_dtype``: torch dtype names)."""
+    __tracebackhide__ = True
+    _gather(gather_unique, n, shuffle, world_size, pred_dtype, label_dtype)
+    passed(f"dtypes kept: {pred_dtype} predictions, {label_dtype} labels ({n} samples)")
+
+
+# ----------------------------------------------------------------------------- atomic_save
+
+
+def _roundtrip_in_rank(atomic_save, folder):
+    """Each rank in its own folder: save step 1, read it back, save step 2 over it, read again."""
+    import torch
+    import torch.distributed as dist
+
+    path = os.path.join(folder, f"rank{dist.get_rank()}", "ckpt.pt")
+    os.makedirs(os.path.dirname(path))
+    seen = []
+    for step in (1, 2):
+        atomic_save({"step": step, "w": torch.full((3,), float(step))}, path)
+        if not os.path.exists(path):
+            seen.append(None)
+            continue
+        try:
+            seen.append(torch.load(path, weights_only=True))
+        except Exception as e:  # noqa: BLE001 - reported as what the reader found
+            seen.append(f"{type(e).__name__}: {e}"[:200])
+    return seen
+
+
+def atomic_save_roundtrip(atomic_save, world_size: int = 3) -> None:
+    """atomic_save writes a file torch.load can read back, and overwrites an existing one
+    (each rank in its own folder)."""
+    __tracebackhide__ = True
+    import torch
+
+    with scratch() as folder:
+        ranks = run_answer(_roundtrip_in_rank, atomic_save, folder, name="atomic_save",
+                           world_size=world_size)
+    for seen in ranks:
+        for step, got in zip((1, 2), seen):
+            if got is None:
+                fail(f"After atomic_save(obj, path) there is no file at path (step {step}).")
+            if isinstance(got, str):
+                fail(f"Loading path after saving step {step} failed: {got}.")
+            if not (isinstance(got, dict) and got.get("step") == step
+                    and torch.equal(got.get("w", torch.zeros(0)), torch.full((3,), float(step)))):
+                fail(f"Loading path after saving step {step} gave {got!r:.100}.")
+    passed("atomic_save writes a file torch.load reads back, and replaces an old one")
+
+
+def _readers_in_rank(atomic_save, folder, saves):
+    """Rank 0 calls atomic_save ``saves`` times with slow writes; the other ranks load the path
+    in a loop until rank 0 says it is done. Returns what each reader found."""
+    import shutil
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from helpers.lessons.races import try_load, watch_saves, write_slowly
+
+    rank = dist.get_rank()
+    path = os.path.join(folder, "ckpt.pt")
+    if rank == 0:
+        torch.save({"step": 0, "w": torch.zeros(4096)}, path)  # the old checkpoint
+    dist.barrier()
+    if rank == 0:
+        def slow_copyfile(src, dst, *args, **kwargs):  # a slow disk or network filesystem
+            with open(src, "rb") as f:
+                write_slowly(f.read(), dst)
+            return dst
+
+        original = shutil.copyfile
+        shutil.copyfile = slow_copyfile
+        try:
+            with watch_saves(chunks=8, pause=0.05):
+                for step in range(1, saves + 1):
+                    atomic_save({"step": step, "w": torch.full((4096,), float(step))}, path)
+        finally:
+            shutil.copyfile = original
+        for reader in range(1, dist.get_world_size()):
+            dist.send(torch.ones(1), dst=reader)  # "done"
+        return {"rank": 0}
+    done = threading.Event()
+    threading.Thread(target=lambda: (dist.recv(torch.zeros(1), src=0), done.set()), daemon=True).start()
+    bad, good = [], 0
+    while not done.is_set():
+        outcome = try_load(path)
+        if outcome == "ok":
+            good += 1
+        else:
+            bad.append(f"{outcome} ({outcome.detail[:80]})")
+        time.sleep(0.001)
+    return {"rank": rank, "bad": bad[:3], "n_bad": len(bad), "good": good}
+
+
+def atomic_save_no_torn_reads(atomic_save, saves: int = 1, world_size: int = 3) -> None:
+    """While rank 0 calls atomic_save ``saves`` times with slow writes, the other ranks load the
+    path in a loop: no read may see a partial file, and the path ends up holding the last save."""
+    __tracebackhide__ = True
+    import torch
+
+    with scratch() as folder:
+        ranks = run_answer(_readers_in_rank, atomic_save, folder, saves, name="atomic_save",
+                           world_size=world_size)
+        path = os.path.join(folder, "ckpt.pt")
+        try:
+            final = torch.load(path, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - reported to the learner
+            final = f"{type(e).__name__}: {e}"
+    for r in ranks[1:]:
+        if r["n_bad"]:
+            fail(f"Rank {r['rank']} loaded the checkpoint while atomic_save was writing it and found "
+                 f"it {r['bad'][0]} ({r['n_bad']} of {r['n_bad'] + r['good']} reads). The reader saw "
+                 "bytes being written to path itself: write the whole file under a temporary name in "
+                 "the same folder, then os.replace() it onto path in one step (copying the temporary "
+                 "file onto path is also a write in place).")
+    if not (isinstance(final, dict) and final.get("step") == saves):
+        fail(f"After {saves} call(s) of atomic_save the path should hold the last object saved "
+             f"(step {saves}), but loading it gave {final!r:.100}.")
+    passed(f"no reader saw a partial file during {saves} slow save(s)")
+
+
+def _leftovers_in_rank(atomic_save, folder, saves):
+    import torch.distributed as dist
+
+    mine = os.path.join(folder, f"rank{dist.get_rank()}")
+    os.makedirs(mine)
+    for step in range(saves):
+        atomic_save({"step": step}, os.path.join(mine, "model.pt"))
+    return dist.get_rank()
+
+
+def atomic_save_no_leftovers(atomic_save, saves: int = 3, world_size: int = 3) -> None:
+    """After ``saves`` saves, each rank's folder holds only the checkpoint itself (looked at
+    from here, after the ranks are gone), and it holds the last save."""
+    __tracebackhide__ = True
+    import torch
+
+    with scratch() as folder:
+        run_answer(_leftovers_in_rank, atomic_save, folder, saves, name="atomic_save",
+                   world_size=world_size)
+        for rank in range(world_size):
+            mine = os.path.join(folder, f"rank{rank}")
+            left = sorted(set(os.listdir(mine)) - {"model.pt"})
+            if left:
+                fail(f"After {saves} calls of atomic_save the folder also holds {left}: remove (or "
+                     "rename onto path) every temporary file you create.")
+            if "model.pt" not in os.listdir(mine):
+                fail(f"After {saves} calls of atomic_save(obj, path) there is no file at path.")
+            got = torch.load(os.path.join(mine, "model.pt"), weights_only=True)
+            if got != {"step": saves - 1}:
+                fail(f"After {saves} saves the path holds {got!r:.60}, not the last object saved.")
+    passed(f"after {saves} saves only the checkpoint is left ({world_size} folders)")
