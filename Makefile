@@ -15,7 +15,7 @@ DEPTH ?= developer
 PYTEST_ARGS ?= -n 3 --durations=15
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help setup lab test course release bench check browser-deps clean
+.PHONY: help setup lab test course release bench check browser-deps sandbox-deps learner-bundle clean
 
 help:
 	@echo "make lab        set up .venv and open JupyterLab at the start notebook"
@@ -23,6 +23,7 @@ help:
 	@echo "make course     execute every notebook with papermill into build/ (QUICK=1 for CI sizes, ONLY=text to pick)"
 	@echo "make release    regenerate notebooks/ from solutions/ with nbgrader"
 	@echo "make check      grade your own copy: make check DEPTH=developer"
+	@echo "make learner-bundle  the learners' copy of the course (no solutions/) in build/learner"
 	@echo "make bench      benchmarks (pool start-up, grading time, lint time)"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -56,7 +57,14 @@ browser-deps: $(STAMP)
 			apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 		else $(BIN)/python -m course_tools.browser; exit 1; fi; }
 
-test: $(STAMP) browser-deps
+# bubblewrap sandboxes each submission's grading kernel (course_tools/sandbox.py)
+sandbox-deps: $(STAMP)
+	@$(BIN)/python -m course_tools.sandbox >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
+		fi; $(BIN)/python -m course_tools.sandbox; }
+
+test: $(STAMP) browser-deps sandbox-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 course: $(STAMP)
@@ -64,6 +72,9 @@ course: $(STAMP)
 
 release: $(STAMP)
 	$(BIN)/python -m course_tools.release
+
+learner-bundle: $(STAMP)
+	$(BIN)/python -m course_tools.learner_bundle $(DEST)
 
 check: $(STAMP)
 	$(BIN)/python -m course_tools.selfcheck $(DEPTH)

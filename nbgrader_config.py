@@ -11,17 +11,32 @@ c.CourseDirectory.release_directory = "notebooks"
 # gradebook.db is made in the course root when grading; .gitignore keeps it out of git.
 
 # Grading is bounded at every layer (see the README's instructor section):
-# - a pool run by a test: helpers.grading.GRADER_TIMEOUT (10 s; COURSE_GRADER_TIMEOUT), and an
-#   answer that hung once is not run again in that notebook, so it costs one timeout, not one per test;
-# - a cell: 30 s (then the kernel is interrupted and the cell fails; the notebook goes on);
-# - a kernel start: 60 s.
+# - a cell: Execute.timeout (then the kernel is interrupted and the cell fails; the notebook goes on);
+# - a pool run by a test: half of it (helpers.grading.pool_timeout reads it from here, or from
+#   COURSE_CELL_TIMEOUT, which the execute step sets), and an answer that hung once is not run
+#   again in that notebook, so it costs one timeout, not one per test;
+# - a kernel start: Execute.startup_timeout.
 c.Execute.timeout = 30
 c.Execute.startup_timeout = 60
 c.Execute.interrupt_on_timeout = True
 
-# Autograde runs the course's execute step instead of nbgrader's: it skips lesson notebooks
-# that carry no graded cells, survives a kernel that dies (no later test is counted as
-# passed), kills every process the kernel started, and runs the kernel in a temp folder.
+# A submission's nbgrader metadata is checked before anything else reads it: a cell whose
+# metadata nbgrader would choke on (a schema version from the future) loses it, instead of
+# aborting the whole class's autograde.
+c.Autograde.sanitize_preprocessors = [
+    "course_tools.autograde.TrustedMetadata",
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    "nbgrader.preprocessors.OverwriteCells",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+# Autograde runs the course's execute step instead of nbgrader's (course_tools/autograde.py; its
+# settings are CourseExecute.*, printed with their help by `python -m course_tools.autograde`): lesson notebooks are
+# not executed; a learner's cell runs only if it holds nothing but definitions; each kernel runs
+# in a bubblewrap sandbox (or, without one, under resource limits, saying so in the log); a
+# kernel that dies or a cell that ignores its interrupt fails the cells after it; output is
+# capped in bytes; every process the kernel started is killed and its temp folder deleted.
 c.Autograde.autograde_preprocessors = [
     "course_tools.autograde.CourseExecute",
     "nbgrader.preprocessors.IgnorePattern",
@@ -31,9 +46,18 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
+c.CourseExecute.sandbox = "auto"
+c.CourseExecute.max_output_bytes = 1_000_000
 # Output a submission may print into a cell before it is cut (huge prints stay harmless).
 c.LimitOutput.max_lines = 500
 c.LimitOutput.max_traceback = 60
+
+# Feedback shows that a hidden test failed and its message, never the hidden test's source.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+    "course_tools.autograde.HideHiddenTests",
+]
 
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.enforce_metadata = True

@@ -49,9 +49,9 @@ def nbgrader(*args, cwd: Path, timeout: float = 900, check: bool = True, env=Non
     return proc
 
 
-def depths(root: Path = ROOT) -> list[str]:
-    """The assignment folders under ``solutions/`` (one per depth, plus ``start``), in order."""
-    return sorted(p.name for p in (root / "solutions").iterdir()
+def depths(root: Path = ROOT, tree: str = "solutions") -> list[str]:
+    """The assignment folders under ``solutions/`` (or ``tree``; one per depth, plus ``start``), in order."""
+    return sorted(p.name for p in (root / tree).iterdir()
                   if p.is_dir() and not p.name.startswith((".", "_")))
 
 

@@ -1,7 +1,7 @@
 """`make check DEPTH=developer`: grade your own work, no instructor needed.
 
 Runs the real grader (``nbgrader autograde``, with the course's hidden tests when the
-instructor notebooks are present) on your copies of one depth's notebooks in a temporary
+instructor notebooks are present; in a learner's copy, the visible tests only) on your copies of one depth's notebooks in a temporary
 course, prints your score per exercise, and writes nbgrader's feedback pages, which show
 every test and what went wrong, to ``build/feedback/<depth>/``. Your notebooks are only read.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 
 from course_tools import ROOT, answer_ids, depths, has_graded_cells, nbgrader
-from course_tools.temp_course import exercise_of, make_course, read_scores
+from course_tools.temp_course import exercise_of, has_hidden_tests, make_course, read_scores
 
 STUDENT = "me"
 
@@ -33,8 +33,9 @@ def check(depth: str, notebooks: Path | None = None, feedback_dir: Path | None =
     """Grade ``notebooks`` (default: notebooks/<depth>/); return {exercise: (score, max)}."""
     notebooks = Path(notebooks or ROOT / "notebooks" / depth)
     feedback_dir = Path(feedback_dir or ROOT / "build" / "feedback" / depth)
-    if not (ROOT / "solutions" / depth).is_dir():
-        raise SystemExit(f"unknown depth {depth!r}: choose one of {depths()}")
+    if depth not in depths(ROOT, "notebooks"):
+        raise SystemExit(f"unknown depth {depth!r}: choose one of {depths(ROOT, 'notebooks')}")
+    hidden = has_hidden_tests(depth)
     mine = graded_notebooks(notebooks)
     if not mine:
         raise SystemExit(f"no notebook with graded exercises in {notebooks}")
@@ -71,6 +72,9 @@ def check(depth: str, notebooks: Path | None = None, feedback_dir: Path | None =
         print(f"{name:<{width}}  {score:g} / {most:g}  {mark}", file=out)
     total = sum(s for s, _ in table.values()), sum(m for _, m in table.values())
     print(f"{'total':<{width}}  {total[0]:g} / {total[1]:g}   (graded in {seconds:.0f} s)", file=out)
+    if not hidden:
+        print("\nThese are the visible tests only: hidden tests (the same ideas on other sizes and "
+              "inputs) run when your instructor grades.", file=out)
     print(f"\nfeedback, with every test and what went wrong: {feedback_dir}/", file=out)
     for html in sorted(feedback_dir.glob("*.html")):
         print(f"  {html}", file=out)

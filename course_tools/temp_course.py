@@ -15,18 +15,27 @@ from pathlib import Path
 
 from course_tools import ROOT, is_answer_cell, nbgrader
 
-__all__ = ["make_course", "read_scores", "Graded", "exercise_of", "reference_answers",
+__all__ = ["make_course", "has_hidden_tests", "read_scores", "Graded", "exercise_of", "reference_answers",
            "with_body", "fill", "submit"]
 
 _SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n(.*?)^[ \t]*### END SOLUTION\n?", re.S | re.M)
 
 
+def has_hidden_tests(depth: str, root: Path = ROOT) -> bool:
+    """Whether the instructor's notebooks of ``depth`` are here (a learner's copy has none)."""
+    return (root / "solutions" / depth).is_dir()
+
+
 def make_course(tmp: Path, depths: list[str], root: Path = ROOT) -> Path:
-    """A course in ``tmp/course`` with these depths' instructor notebooks, assignments generated."""
+    """A course in ``tmp/course`` with these depths' instructor notebooks, assignments generated.
+
+    In a learner's copy (no ``solutions/``) the released notebooks stand in for them: the
+    visible tests are the same, and there are no hidden ones."""
     course = Path(tmp) / "course"
     (course / "solutions").mkdir(parents=True)
     for depth in depths:
-        shutil.copytree(root / "solutions" / depth, course / "solutions" / depth,
+        source = root / ("solutions" if has_hidden_tests(depth, root) else "notebooks") / depth
+        shutil.copytree(source, course / "solutions" / depth,
                         ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
     shutil.copy(root / "nbgrader_config.py", course / "nbgrader_config.py")
     for depth in depths:

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -147,16 +148,23 @@ def save_once(obj, path):
 
 def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
     source = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
-    witness = tmp_path / "witness"
-    witness.mkdir()
-    messy = CORRECT_SAVE_ONCE + textwrap.dedent(f"""
-        import subprocess, pathlib
+    token = tmp_path.name.replace("-", "_")
+    messy = CORRECT_SAVE_ONCE.replace("    import torch, torch.distributed as dist\n", textwrap.indent(textwrap.dedent(f"""
+        import subprocess, tempfile, pathlib
+        import torch, torch.distributed as dist
         for _ in range(20_000):
             print("a line of noise")
-        pathlib.Path("left_behind.txt").write_text("junk")
-        orphan = subprocess.Popen(["sleep", "600"])
-        pathlib.Path({str(witness / "orphan.pid")!r}).write_text(str(orphan.pid))
-    """)
+        pathlib.Path(tempfile.gettempdir(), "left_behind_{token}.txt").write_text("junk")
+        subprocess.Popen(["sleep", "600.{len(token)}"], start_new_session=True)
+    """), "    "))
+    kills_the_kernel = textwrap.dedent("""
+        def save_once(obj, path):
+            import os, signal
+            pool_server = os.getppid()
+            with open(f"/proc/{pool_server}/stat") as f:
+                kernel = int(f.read().rsplit(")", 1)[1].split()[1])
+            os.kill(kernel, signal.SIGKILL)
+        """)
     submissions = {
         "reference": None,
         # a barrier only rank 0 reaches: that test fails within its pool timeout, the rest is graded
@@ -164,11 +172,11 @@ def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
             "        torch.save(obj, path)\n    dist.barrier()",
             "        torch.save(obj, path)\n        dist.barrier()"),
             "combined_average": CORRECT_COMBINED},
-        # an infinite loop at top level of an answer cell: the cell times out, the notebook goes on
+        # an endless loop at the top of an answer cell: the cell is not run, the notebook goes on
         "kernel_loop": {"save_once": "while True:\n    pass\n" + CORRECT_SAVE_ONCE,
                         "combined_average": CORRECT_COMBINED},
-        # the kernel dies in the first answer: the correct second answer must not be counted
-        "kernel_exit": {"save_once": "import os\nos._exit(1)", "combined_average": CORRECT_COMBINED},
+        # a rank kills the grading kernel: the correct second answer must not be counted
+        "kernel_killed": {"save_once": kills_the_kernel, "combined_average": CORRECT_COMBINED},
         # a rank dies of SIGABRT inside the second answer; the first answer keeps its points
         "rank_abort": {"save_once": CORRECT_SAVE_ONCE, "combined_average": textwrap.dedent("""
             def combined_average(loss, count):
@@ -177,7 +185,7 @@ def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
                     os.abort()
                 return loss
             """)},
-        # huge output, a file in the working folder, and a process started from the kernel
+        # noise, a file in the temp folder and a process started from a rank
         "messy": {"save_once": messy, "combined_average": CORRECT_COMBINED},
     }
     graded = autograde(source, submissions, tmp_path)
@@ -187,25 +195,24 @@ def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
     assert graded.total("reference") == full
     assert graded.lost("pool_hang") == save_tests
     assert graded.lost("kernel_loop") == save_tests
-    assert graded.total("kernel_exit") == 0, graded.scores["kernel_exit"]
+    assert graded.total("kernel_killed") == 0, graded.scores["kernel_killed"]
     assert graded.lost("rank_abort") == avg_tests
     assert graded.total("messy") == full
 
-    pid = int((witness / "orphan.pid").read_text())
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, \
-        "a process started by an answer survived grading"
-    leftovers = [p for p in graded.course.rglob("left_behind.txt")]
-    assert not leftovers, f"an answer's file landed in the course: {leftovers}"
-    autograded = graded.course / "autograded" / "messy" / "beginner" / "03_exercises.ipynb"
-    nb = nbformat.read(autograded, as_version=4)
-    printed = sum(len(o.get("text", "").splitlines()) for c in nb.cells for o in c.get("outputs", []))
-    assert printed < 2000, "huge output was not cut"
+    survivors = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+                 if f"600.{len(token)}" in " ".join(p.info["cmdline"] or [])]
+    assert survivors == [], "a process started by an answer survived grading"
+    tmp = Path(tempfile.gettempdir())
+    leftovers = [*graded.course.rglob(f"left_behind_{token}.txt"), *tmp.glob(f"left_behind_{token}.txt"),
+                 *tmp.glob(f"course-grading-*/**/left_behind_{token}.txt")]
+    assert not leftovers, f"an answer's file outlived grading: {leftovers}"
 
-    died = nbformat.read(graded.course / "autograded" / "kernel_exit" / "beginner" / source.name,
+    died = nbformat.read(graded.course / "autograded" / "kernel_killed" / "beginner" / source.name,
                          as_version=4)
     messages = [o.get("evalue", "") for c in died.cells for o in c.get("outputs", [])
                 if o.get("output_type") == "error"]
-    assert any("kernel died" in m for m in messages)
+    assert any("the kernel died while running this cell" in m for m in messages), messages
+    assert any(m.startswith("not run: the kernel died in cell") for m in messages), messages
 
 
 def test_editing_or_deleting_a_locked_test_cell_changes_nothing(tmp_path):
@@ -225,3 +232,67 @@ def test_editing_or_deleting_a_locked_test_cell_changes_nothing(tmp_path):
     tampered = read_scores(course, "beginner", source.stem, ["tamper"])
     assert tampered.scores["tamper"] == graded.scores["honest"]
     assert tampered.total("tamper") < sum(tampered.max_scores.values())
+
+
+def test_the_learner_bundle_gives_nothing_away_and_checks_with_the_visible_tests(tmp_path):
+    from course_tools.learner_bundle import build
+
+    bundle = build(tmp_path / "learner")
+    assert not (bundle / "solutions").exists() and (bundle / "notebooks" / "beginner").is_dir()
+    for path in bundle.rglob("*.ipynb"):
+        text = path.read_text()
+        assert "BEGIN HIDDEN TESTS" not in text and "BEGIN SOLUTION" not in text, path
+    source = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
+    mine = tmp_path / "mine"
+    shutil.copytree(bundle / "notebooks" / "beginner", mine)
+    nbformat.write(fill(mine / source.name, reference_answers(source)), mine / source.name)
+    out = subprocess.run([sys.executable, "-m", "course_tools.selfcheck", "beginner", "--notebooks", str(mine),
+                          "--feedback", str(tmp_path / "fb")], capture_output=True, text=True, cwd=bundle,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "hidden tests (the same ideas on other sizes and inputs) run when your instructor grades" in out.stdout
+    total = re.search(r"^total\s+([\d.]+) / ([\d.]+)", out.stdout, re.M)
+    assert total and total.group(1) == total.group(2) != "0", out.stdout
+    page = (tmp_path / "fb" / "03_exercises.html").read_text()
+    assert "world_size=5" not in page  # no hidden test was there to run
+
+
+# ----------------------------------------------------------------------------- the execute step
+
+
+def test_the_execute_step_runs_only_notebooks_with_graded_cells():
+    import copy
+
+    from course_tools.autograde import CourseExecute
+
+    lesson = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('ran')")])
+    nb, _ = CourseExecute().preprocess(copy.deepcopy(lesson), {})
+    assert nb.cells[0].outputs == []  # a lesson notebook: not executed, no kernel started
+    every = CourseExecute(skip_ungraded=False, definitions_only=False, sandbox="off")
+    nb, _ = every.preprocess(copy.deepcopy(lesson), {})
+    assert [o.get("text") for o in nb.cells[0].outputs] == ["ran\n"]
+
+
+def test_the_execute_step_settings_have_help():
+    from course_tools.autograde import CourseExecute
+
+    for name in ("skip_ungraded", "definitions_only", "sandbox", "temp_workdir", "kill_processes",
+                 "max_output_bytes", "limit_processes", "limit_file_bytes", "limit_cpu_seconds",
+                 "limit_memory_bytes"):
+        trait = CourseExecute.class_traits()[name]
+        assert trait.metadata.get("config") and len(trait.help) > 40, name
+
+
+def test_a_cell_past_its_limit_that_ignores_the_interrupt_stops_the_notebook_not_the_grader():
+    """Handled like a dead kernel: earlier cells keep their outputs, later ones are not run."""
+    from course_tools.autograde import CourseExecute
+
+    swallow = "import time\nwhile True:\n    try:\n        time.sleep(0.1)\n    except KeyboardInterrupt:\n        pass"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in
+                                         ("print('before')", swallow, "print('after')")])
+    step = CourseExecute(skip_ungraded=False, definitions_only=False, sandbox="off", timeout=3)
+    nb, _ = step.preprocess(nb, {})
+    assert [o.get("text") for o in nb.cells[0].outputs] == ["before\n"]
+    assert [o.get("ename") for o in nb.cells[1].outputs] == ["CellTimeoutError"]
+    assert [(o.get("ename"), o.get("evalue")) for o in nb.cells[2].outputs] == [
+        ("NotRun", "not run: cell 1 ran past its time limit, so this cell earns no points.")]

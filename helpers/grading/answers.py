@@ -20,10 +20,10 @@ import types
 from pathlib import Path
 from typing import Callable
 
-from helpers.spawn import HangError, WorkerError, run
+from helpers.spawn import HangError, RankDied, UnsendableResult, WorkerError, run
 
 __all__ = ["CheckFailed", "fail", "passed", "run_answer", "call", "pool_timeout", "cell_timeout",
-           "feedback_for_hang", "feedback_for_error", "forget_hangs", "scratch"]
+           "feedback_for_hang", "feedback_for_error", "forget_hangs", "scratch", "plain", "Refused"]
 
 #: Seconds nbgrader gives one cell when ``nbgrader_config.py`` cannot be read.
 DEFAULT_CELL_TIMEOUT = 30.0
@@ -99,8 +99,15 @@ def feedback_for_hang(err: HangError, name: str) -> str:
 def feedback_for_error(err: WorkerError, name: str) -> str:
     if err.exc_type == "NotImplementedError":
         return f"{name}() is not written yet: replace `raise NotImplementedError()` with your code."
-    text = f"{name}() raised {err.exc_type} on rank {err.rank}: {err.exc_message}"
-    tb = err.remote_traceback.strip().splitlines()
+    if isinstance(err, UnsendableResult):
+        return (f"{name}() on rank {err.rank} gave back something the grader cannot read safely: "
+                f"{err.exc_message[:300]}. Return plain numbers, strings, tensors, or lists and "
+                "dicts of these.")
+    if isinstance(err, RankDied):
+        text = f"{name}() ended rank {err.rank}'s process: it {err.exc_message[:200]}."
+    else:
+        text = f"{name}() raised {err.exc_type[:80]} on rank {err.rank}: {err.exc_message[:500]}"
+    tb = [line[:200] for line in err.remote_traceback.strip().splitlines()]
     if tb:
         text += "\n" + "\n".join(tb[-6:])
     return text
@@ -120,8 +127,22 @@ def _answer_key(fn, name: str) -> tuple:
     return (name, code.co_code, repr(code.co_consts), code.co_names)
 
 
+class Refused:
+    """What the grader binds to the names of an answer cell it did not run (an answer cell
+    holding more than definitions, see ``course_tools.definitions``): every test of that
+    answer fails with ``reason``."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+
+    def __repr__(self) -> str:
+        return f"<{self.name}: not run during grading>"
+
+
 def _require_function(fn, name: str) -> None:
     __tracebackhide__ = True
+    if type(fn) is Refused:
+        fail(f"{name}: {fn.reason}")
     if type(fn) is not types.FunctionType:
         fail(f"{name} should be a function written with `def {name}(...):`, but it is "
              f"{type(fn).__name__!r}. Run the cell that defines it, then this test again.")
@@ -142,7 +163,7 @@ def run_answer(harness: Callable, fn: Callable, *args, name: str, world_size: in
         fail(f"Not run again: {_HUNG[key]}")
     kwargs.setdefault("echo", False)
     try:
-        return run(harness, fn, *args, world_size=world_size,
+        return run(harness, fn, *args, world_size=world_size, plain_results=True,
                    timeout=pool_timeout() if timeout is None else timeout, **kwargs)
     except HangError as e:
         _HUNG[key] = feedback_for_hang(e, name)
@@ -155,13 +176,47 @@ def run_answer(harness: Callable, fn: Callable, *args, name: str, world_size: in
         fail(feedback_for_error(e, name))
 
 
+def plain(value):
+    """In a rank: ``value`` as plain data the grader can read back safely. Numbers become
+    ``float``/``int``, one-element tensors stay tensors; anything else that is not plain data
+    (None, bool, int, float, str, tensors, lists, tuples and dicts of these) becomes a short
+    description, ``"<type> repr"``, so that the check can say what came back."""
+    import numbers
+
+    import torch
+
+    if value is None or type(value) in (bool, int, float, str, bytes, torch.Tensor):
+        return value
+    if type(value) in (list, tuple):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, dict) and all(type(k) in (int, str) for k in value):
+        return {k: plain(v) for k, v in value.items()}
+    if type(value).__module__ == "numpy" and "bool" in type(value).__name__:
+        return bool(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().as_subclass(torch.Tensor)
+    try:
+        shown = repr(value)[:80]
+    except Exception:  # noqa: BLE001 - a learner's __repr__ may fail
+        shown = "?"
+    return f"<{type(value).__name__}> {shown}"
+
+
 def _call_in_worker(fn, args, kwargs):
     """In the worker: the answer's value, or the exception it raised (as data, not raised)."""
     try:
-        return {"value": fn(*args, **kwargs)}
+        return {"value": plain(fn(*args, **kwargs))}
     except Exception as e:  # noqa: BLE001 - what the answer raised is the result
-        return {"raised": type(e).__name__, "is_value_error": isinstance(e, ValueError),
-                "message": str(e)[:300]}
+        try:
+            message = str(e)[:300]
+        except Exception:  # noqa: BLE001 - a learner's __str__ may fail
+            message = "?"
+        return {"raised": type(e).__name__[:80], "is_value_error": isinstance(e, ValueError),
+                "message": message}
 
 
 def call(fn: Callable, *args, name: str, timeout: float | None = None, **kwargs) -> dict:

@@ -79,8 +79,10 @@ def _waits_in_rank(save_once, folder):
 def _combined_in_rank(fn, losses, counts):
     import torch.distributed as dist
 
+    from helpers.grading.answers import plain
+
     rank = dist.get_rank()
-    return fn(losses[rank], counts[rank])
+    return plain(fn(losses[rank], counts[rank]))
 
 
 # ----------------------------------------------------------------------------- in the grader
@@ -180,7 +182,8 @@ def _as_number(value, rank: int) -> float:
         return float(value.item())
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
-    fail(f"combined_average() returned {value!r:.60} ({type(value).__name__}) on worker {rank}; it "
+    shown = value if isinstance(value, str) and value.startswith("<") else f"{value!r:.60} ({type(value).__name__})"
+    fail(f"combined_average() returned {shown} on worker {rank}; it "
          "should return one plain number, e.g. `(total / count).item()`.")
 
 

@@ -57,7 +57,19 @@ def _optimizer(kind: str, params):
 
 
 def _clone(state):
-    return copy.deepcopy(state)
+    """A deep copy as plain data (state dicts are OrderedDicts: sent back as dicts)."""
+    import collections
+
+    state = copy.deepcopy(state)
+
+    def plain(v):
+        if isinstance(v, collections.OrderedDict) or type(v) is dict:
+            return {k: plain(x) for k, x in v.items()}
+        if type(v) in (list, tuple):
+            return type(v)(plain(x) for x in v)
+        return v
+
+    return plain(state)
 
 
 # ----------------------------------------------------------------------------- save_checkpoint
@@ -221,9 +233,12 @@ def load_harness(load_checkpoint, path: str, optimizer: str = "sgd") -> dict:
     model = nn.Linear(4, 1)
     opt = _optimizer(optimizer, model.parameters())
     before = _clone(model.state_dict())
+    from helpers.grading.answers import plain
+
     step = load_checkpoint(model, opt, path)
     if isinstance(step, torch.Tensor) and step.numel() == 1:
         step = step.item()
+    step = plain(step)
     return {"rank": rank, "step": step, "model": _clone(model.state_dict()),
             "opt": _clone(opt.state_dict()), "before": before}
 
@@ -320,15 +335,15 @@ def stop_harness(should_stop, losses, counts, thresholds) -> dict:
     import torch
     import torch.distributed as dist
 
+    from helpers.grading.answers import plain
+
     rank = dist.get_rank()
     answers = []
     for t in thresholds:
         value = should_stop(losses[rank], counts[rank], t)
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()  # a one-element tensor is a fine way to say it
-        if type(value).__name__ == "bool_":  # numpy's bool
-            value = bool(value)
-        answers.append(value)
+        answers.append(plain(value))
     return {"rank": rank, "answers": answers}
 
 

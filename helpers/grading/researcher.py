@@ -72,9 +72,11 @@ def _pooled_on_ranks(pooled_mean):
     pairs = [None] * dist.get_world_size()
     dist.all_gather_object(pairs, (losses.mean().item(), n))
     got = pooled_mean([p[0] for p in pairs], [p[1] for p in pairs])
-    if hasattr(got, "item"):
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
-    return {"pairs": pairs, "got": got}
+    from helpers.grading.answers import plain
+
+    return {"pairs": [list(p) for p in pairs], "got": plain(got)}
 
 
 def pooled_mean_values(pooled_mean, cases=None) -> None:

@@ -1,0 +1,252 @@
+"""A determined learner against the grader, through real `nbgrader autograde` (issue 13).
+
+One autograde run grades a class of the beginner exercises in which most students try to cheat
+or to break grading, between honest classmates (one sorted first, one last, whose submission a
+cheater tries to overwrite). Each attack is what a learner could really submit; the test checks
+the outcome a grader must guarantee: cheats score nothing for what they attack, honest
+classmates keep full marks, no process outlives grading, no course file changes, and the run
+finishes within the bound its configured limits give.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from html import unescape
+import textwrap
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from course_tools import nbgrader
+from course_tools.sandbox import probe
+from course_tools.temp_course import make_course, read_scores, reference_answers, submit
+from tests.conftest import ROOT
+from tests.nbgrade import cell_output, grading_bound
+
+pytestmark = pytest.mark.grading
+
+SOURCE = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
+SAVE = {"test_save_once_only_rank0_writes", "test_save_once_everyone_waits"}
+AVERAGE = {"test_combined_average_same_on_every_worker", "test_combined_average_unequal_counts"}
+STUB = "def {name}({args}):\n    pass\n"
+SAVE_STUB = STUB.format(name="save_once", args="obj, path")
+AVG_STUB = STUB.format(name="combined_average", args="loss, count")
+
+# Markers in the command lines of the processes attacks start, to find survivors afterwards.
+DAEMON_MARKS = ("600.101", "600.102", "600.103", "600.104")
+
+STEAL = textwrap.dedent('''
+    def {name}({args}):
+        """Find the course from /proc, run the instructor's answer, sabotage the class."""
+        import glob, json, os, sqlite3, subprocess, sys
+        courses = set()
+        for link in glob.glob("/proc/[0-9]*/cwd"):
+            try:
+                here = os.readlink(link)
+            except OSError:
+                continue
+            for up in (here, os.path.dirname(here), os.path.dirname(os.path.dirname(here))):
+                if os.path.exists(os.path.join(up, "gradebook.db")):
+                    courses.add(up)
+        for course in courses:
+            for victim in glob.glob(os.path.join(course, "submitted", "zz_victim", "*", "*.ipynb")):
+                open(victim, "w").write("{{}}")
+            db = os.path.join(course, "gradebook.db")
+            try:
+                con = sqlite3.connect(db)
+                con.execute("UPDATE grade SET manual_score = 100")
+                con.commit()
+            except Exception:
+                pass
+            subprocess.Popen([sys.executable, "-c", "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], "
+                              "isolation_level=None); c.execute('BEGIN EXCLUSIVE'); time.sleep(600.104)", db],
+                             start_new_session=True)
+            nb = json.load(open(os.path.join(course, "solutions", "beginner", "03_exercises.ipynb")))
+            space = {{}}
+            for cell in nb["cells"]:
+                if cell["metadata"].get("nbgrader", {{}}).get("solution"):
+                    exec("".join(cell["source"]), space)
+            return space["{name}"]({args})
+''')
+
+DAEMONS = textwrap.dedent('''
+    def save_once(obj, path):
+        """Leave processes behind three ways, then do the job properly."""
+        import os, subprocess, time
+        import torch, torch.distributed as dist
+        subprocess.Popen(["sleep", "600.101"], start_new_session=True)          # setsid
+        if os.fork() == 0:                                                     # double fork
+            if os.fork() == 0:
+                os.setsid()
+                os.execvp("sleep", ["sleep", "600.102"])
+            os._exit(0)
+        subprocess.Popen(["sleep", "600.103"])                                 # a plain child
+        if dist.get_rank() == 0:
+            torch.save(obj, path)
+        dist.barrier()
+''')
+
+REDUCE = textwrap.dedent('''
+    def combined_average(loss, count):
+        """Return an object that would run code in the grading kernel when unpickled."""
+        class Boom:
+            def __reduce__(self):
+                return (exec, ("import helpers.grading.answers as a; a.fail = print",))
+        return Boom()
+''')
+
+SWALLOW = textwrap.dedent('''
+    def save_once(obj, path):
+        """Ignore interrupts and never finish."""
+        import time
+        while True:
+            try:
+                time.sleep(0.2)
+            except KeyboardInterrupt:
+                pass
+''')
+
+HUGE = textwrap.dedent('''
+    def combined_average(loss, count):
+        """A 100 MB line."""
+        raise ValueError("x" * 100_000_000)
+''')
+
+LAZY = textwrap.dedent('''
+    def save_once(obj, path):
+        """Sleep instead of waiting for the save."""
+        import time
+        import torch, torch.distributed as dist
+        if dist.get_rank() == 0:
+            torch.save(obj, path)
+        else:
+            time.sleep(3)
+''')
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("attacks")
+    course = make_course(tmp, ["beginner"])
+    reference = reference_answers(SOURCE)
+    students = {
+        "aa_honest": reference,
+        "cheat_rebind": {
+            "save_once": "import helpers.grading.beginner as check\ncheck.save_once_only_rank0_writes = print\n"
+                         "check.save_once_everyone_waits = print\n" + SAVE_STUB,
+            "combined_average": "import helpers.grading.answers as answers\nanswers.fail = print\n" + AVG_STUB},
+        "cheat_transformer": {
+            "save_once": "get_ipython().input_transformers_post.append(lambda lines: ['pass\\n'])\n" + SAVE_STUB,
+            "combined_average": AVG_STUB},
+        "cheat_steal": {"save_once": STEAL.format(name="save_once", args="obj, path"),
+                        "combined_average": STEAL.format(name="combined_average", args="loss, count")},
+        "cheat_reduce": {"save_once": reference["save_once"], "combined_average": REDUCE},
+        "daemons": {"save_once": DAEMONS, "combined_average": reference["combined_average"]},
+        "swallow_interrupt": {"save_once": SWALLOW, "combined_average": reference["combined_average"]},
+        "huge_output": {"save_once": reference["save_once"], "combined_average": HUGE},
+        "lazy_sleep": {"save_once": LAZY, "combined_average": reference["combined_average"]},
+        "schema_99": reference,
+        "zz_victim": reference,
+    }
+    for student, answers in students.items():
+        path = submit(course, student, "beginner", SOURCE.name, answers)
+        if student == "schema_99":  # a cell from the future in an otherwise correct submission
+            nb = nbformat.read(path, as_version=4)
+            nb.cells.insert(1, nbformat.v4.new_markdown_cell(
+                "from the future", metadata={"nbgrader": {"schema_version": 99, "grade": True}}))
+            nbformat.write(nb, path)
+    before = _fingerprint(course)
+    proc = nbgrader("autograde", "beginner", "--force", cwd=course, check=False, log_level="INFO",
+                    timeout=grading_bound([SOURCE], len(students)))
+    feedback = nbgrader("generate_feedback", "beginner", "--force", cwd=course, check=False)
+    graded = read_scores(course, "beginner", SOURCE.stem, list(students))
+    return {"graded": graded, "course": course, "log": proc.stdout + proc.stderr, "code": proc.returncode,
+            "before": before, "after": _fingerprint(course), "feedback": feedback}
+
+
+def _fingerprint(course: Path) -> dict[str, str]:
+    """Hash of every file of the course that grading must not change."""
+    out = {}
+    for top in ("solutions", "source", "release", "submitted", "notebooks", "nbgrader_config.py"):
+        for path in sorted((course / top).rglob("*")) if (course / top).is_dir() else [course / top]:
+            if path.is_file():
+                out[str(path.relative_to(course))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _lost(attacked, student) -> set[str]:
+    return attacked["graded"].lost(student)
+
+
+def test_the_sandbox_is_used_here():
+    """The attacks below are run sandboxed on this machine (bubblewrap installed by make test)."""
+    assert probe() is None, probe()
+
+
+def test_every_student_is_graded_and_the_run_succeeds(attacked):
+    graded = attacked["graded"]
+    assert all(len(graded.scores[s]) == 4 for s in graded.scores), graded.scores
+    assert attacked["code"] == 0, attacked["log"][-3000:]
+    assert "NOT sandboxed" not in attacked["log"]
+
+
+@pytest.mark.parametrize("student", ["aa_honest", "zz_victim", "schema_99"])
+def test_honest_classmates_keep_full_marks(attacked, student):
+    assert _lost(attacked, student) == set(), attacked["graded"].scores[student]
+
+
+@pytest.mark.parametrize("student", ["cheat_rebind", "cheat_transformer", "cheat_steal"])
+def test_cheats_score_nothing(attacked, student):
+    assert attacked["graded"].total(student) == 0, attacked["graded"].scores[student]
+
+
+def test_a_rebinding_answer_is_told_why_it_was_not_run(attacked):
+    nb = attacked["course"] / "autograded" / "cheat_rebind" / "beginner" / SOURCE.name
+    text = cell_output(nb, "test_save_once_only_rank0_writes")
+    assert "its answer cell was not run during grading: line 2: an assignment" in text
+
+
+def test_a_result_that_would_run_code_when_loaded_is_refused(attacked):
+    assert _lost(attacked, "cheat_reduce") == AVERAGE
+    nb = attacked["course"] / "autograded" / "cheat_reduce" / "beginner" / SOURCE.name
+    text = cell_output(nb, "test_combined_average_same_on_every_worker")
+    assert "combined_average() returned <Boom>" in text  # described in the rank, never loaded here
+
+
+def test_processes_started_by_answers_do_not_survive_grading(attacked):
+    assert _lost(attacked, "daemons") == set()  # the job itself was done right
+    left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
+            if any(m in " ".join(p.info["cmdline"] or []) for m in DAEMON_MARKS)]
+    assert left == []
+
+
+def test_an_answer_that_swallows_interrupts_costs_only_its_own_tests(attacked):
+    assert _lost(attacked, "swallow_interrupt") == SAVE
+
+
+def test_output_is_capped_in_bytes(attacked):
+    assert _lost(attacked, "huge_output") == AVERAGE
+    nb = attacked["course"] / "autograded" / "huge_output" / "beginner" / SOURCE.name
+    assert nb.stat().st_size < 2_000_000
+    assert "ValueError" in cell_output(nb, "test_combined_average_same_on_every_worker")
+
+
+def test_a_fixed_sleep_is_not_a_barrier(attacked):
+    assert _lost(attacked, "lazy_sleep") == {"test_save_once_everyone_waits"}
+
+
+def test_no_course_file_changed(attacked):
+    assert attacked["after"] == attacked["before"]
+
+
+def test_feedback_shows_hidden_failures_but_not_hidden_tests(attacked):
+    assert attacked["feedback"].returncode == 0, attacked["feedback"].stderr[-2000:]
+    html = (attacked["course"] / "feedback" / "lazy_sleep" / "beginner" / "03_exercises.html").read_text()
+    text = unescape(re.sub(r"<[^>]+>", "", html))
+    assert "check.save_once_everyone_waits(save_once, world_size=3)" in text  # the visible test
+    assert "world_size=4" not in text and "world_size=5" not in text  # the hidden ones
+    assert "hidden tests run here when graded" in text
+    assert re.search(r"Worker [12] returned \d\.\d s after worker 0's save", text)  # the failure, in words
