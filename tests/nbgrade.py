@@ -37,12 +37,13 @@ def grading_bound(notebooks: list[Path], students: int, config=None) -> float:
 
 
 def autograde(source: Path, submissions: dict[str, dict[str, str] | None], tmp: Path,
-              extra: tuple = ()) -> Graded:
+              extra: tuple = (), timeout: float | None = None) -> Graded:
     """Grade one notebook for several students.
 
     ``submissions`` maps a student id to ``{grade_id: answer source}`` for the answer cells
     they wrote (cells not named keep the released stub), or to ``None`` for the reference
-    solutions. ``extra``: more arguments for ``nbgrader autograde``.
+    solutions. ``extra``: more arguments for ``nbgrader autograde``; ``timeout``: its bound in
+    seconds (default: :func:`grading_bound` of the configured limits).
     """
     depth = source.parent.name
     course = make_course(tmp, [depth])
@@ -51,7 +52,7 @@ def autograde(source: Path, submissions: dict[str, dict[str, str] | None], tmp: 
         submit(course, student, depth, source.name, reference if answers is None else answers)
     t0 = time.monotonic()
     nbgrader("autograde", depth, "--force", *extra, cwd=course,
-             timeout=grading_bound([source], len(submissions)))
+             timeout=timeout or grading_bound([source], len(submissions)))
     seconds = time.monotonic() - t0
     print(f"autograde of {len(submissions)} submissions of {source.name}: {seconds:.0f} s")
     return read_scores(course, depth, source.stem, list(submissions), seconds)

@@ -74,7 +74,7 @@ def test_figures_draw_the_data_they_are_given():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["rank 0", "rank 1"]
 
     ax = plot_failure_rates({(2, False): 1.0, (2, True): 0.0, (4, False): 0.5, (4, True): 0.0}, "rates")
-    lines = {l.get_label(): l.get_ydata().tolist() for l in ax.get_lines()}
+    lines = {c.get_label(): c.lines[0].get_ydata().tolist() for c in ax.containers}
     assert lines == {"no barrier": [100.0, 50.0], "dist.barrier() after the save": [0.0, 0.0]}
 
     ax = plot_logged_loss([0.5934, 2.1151], 1.3542, "loss")

@@ -48,7 +48,7 @@ def test_autograde_feedback_adds_the_findings(tmp_path):
     assert ONLY_RANK0 in graded.lost("every_writer")          # scores are the grader's, unchanged
     every = graded.course / "autograded" / "every_writer" / "beginner" / EXERCISES.name
     text = cell_output(every, ONLY_RANK0)
-    assert "Only rank 0 should write" in text                 # the grader's own feedback stays
+    assert "Only worker 0 should write" in text               # the grader's own feedback stays
     assert f"{HEADER} (save_once):" in text and "ORK102 torch.save runs on every rank" in text
     assert HEADER not in cell_output(every, SAME)             # a passing test: nothing added
     no_barrier = graded.course / "autograded" / "no_barrier" / "beginner" / EXERCISES.name
