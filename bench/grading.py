@@ -3,7 +3,8 @@
 One student submits the reference answers of every graded notebook of every depth; another
 submits answers that all hang (a barrier only rank 0 reaches inside a pool, an endless loop
 outside one). Targets (issue 6): a full correct submission in at most 60 s, an all-hanging
-one in at most 3 minutes, both graded with the course's real nbgrader settings.
+one in at most 3 minutes, both graded with the course's real nbgrader settings (each kernel in
+its sandbox when bubblewrap works here: the line says which).
 """
 
 from __future__ import annotations
@@ -59,7 +60,11 @@ def grade_everything(hang: bool) -> tuple[float, float, float]:
 
 
 def main() -> bool:
+    from course_tools.sandbox import probe
+
     print(__doc__.strip().splitlines()[0])
+    why = probe()
+    print("kernels sandboxed with bubblewrap" if why is None else f"kernels NOT sandboxed: {why}")
     ok = True
     for hang, target in ((False, 60.0), (True, 180.0)):
         seconds, score, most = grade_everything(hang)
