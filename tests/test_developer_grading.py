@@ -142,6 +142,14 @@ STOP_PER_RANK = STOP + """\
     return local_loss < threshold
 """
 
+STOP_NEVER = STOP + """\
+    return False                       # consistent on every rank, and never right to stop
+"""
+
+LOAD_ALWAYS_ZERO = LOAD + """\
+    return 0                           # right only when there is no checkpoint
+"""
+
 STOP_UNWEIGHTED_MEAN = STOP + """\
     t = torch.tensor([local_loss])
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
@@ -162,11 +170,11 @@ STUDENTS = {
     "no_barrier_rank0_loads_unweighted": {"save_checkpoint": SAVE_NO_BARRIER,
                                           "load_checkpoint": LOAD_ONLY_RANK0,
                                           "should_stop": STOP_UNWEIGHTED_MEAN},
-    "every_rank_writes_crash_on_missing": {"save_checkpoint": SAVE_EVERY_RANK,
-                                           "load_checkpoint": LOAD_CRASHES_WITHOUT_FILE,
-                                           "should_stop": None},
-    "barrier_only_rank0": {"save_checkpoint": SAVE_BARRIER_ONLY_RANK0,
-                           "load_checkpoint": None, "should_stop": None},
+    "every_rank_writes_crash_on_missing_never_stops": {"save_checkpoint": SAVE_EVERY_RANK,
+                                                       "load_checkpoint": LOAD_CRASHES_WITHOUT_FILE,
+                                                       "should_stop": STOP_NEVER},
+    "barrier_only_rank0_loads_nothing": {"save_checkpoint": SAVE_BARRIER_ONLY_RANK0,
+                                         "load_checkpoint": LOAD_ALWAYS_ZERO, "should_stop": None},
 }
 
 EXPECTED_LOST = {
@@ -175,9 +183,11 @@ EXPECTED_LOST = {
     "alt_fileobj_pathlib_broadcast": set(),
     "module_keys_no_optimizer_per_rank": {CONTENTS, OPTIM, AGREE, WEIGHTED},
     "no_barrier_rank0_loads_unweighted": {WAITS, MODEL, OPTIM, WEIGHTED},
-    "every_rank_writes_crash_on_missing": {ONE_WRITER, MISSING},
-    # the function never returns on rank 0: nothing about it can be checked
-    "barrier_only_rank0": {CONTENTS, WAITS, ONE_WRITER},
+    # a should_stop that never stops agrees with itself, but is wrong where every loss is below the threshold
+    "every_rank_writes_crash_on_missing_never_stops": {ONE_WRITER, MISSING, AGREE, WEIGHTED},
+    # the save never returns on rank 0: nothing about it can be checked; a load that always says 0
+    # is right only for the missing file, and that test also needs the step when there is one
+    "barrier_only_rank0_loads_nothing": {CONTENTS, WAITS, ONE_WRITER, MODEL, OPTIM, MISSING},
 }
 
 # what the learner reads in the failing test cell's output
@@ -188,9 +198,11 @@ FEEDBACK = {
     ("no_barrier_rank0_loads_unweighted", WAITS): "read the file before rank 0 finished writing",
     ("no_barrier_rank0_loads_unweighted", MODEL): "Every rank must load the checkpoint, not only rank 0",
     ("no_barrier_rank0_loads_unweighted", WEIGHTED): "weight each rank's loss by its n_samples",
-    ("every_rank_writes_crash_on_missing", ONE_WRITER): "Only rank 0 should write",
-    ("every_rank_writes_crash_on_missing", MISSING): "must return 0 instead of failing",
-    ("barrier_only_rank0", WAITS): "Rank 0 was stuck at `dist.barrier()`",
+    ("every_rank_writes_crash_on_missing_never_stops", ONE_WRITER): "Only rank 0 should write",
+    ("every_rank_writes_crash_on_missing_never_stops", MISSING): "must return 0 instead of failing",
+    ("barrier_only_rank0_loads_nothing", WAITS): "Rank 0 was stuck at `dist.barrier()`",
+    ("every_rank_writes_crash_on_missing_never_stops", AGREE): "so every rank should return True",
+    ("barrier_only_rank0_loads_nothing", MISSING): "with one saved at step 5 rank 0 returned 0",
 }
 
 
@@ -239,7 +251,7 @@ def test_feedback_names_the_mistake(graded, student, grade_id):
 @pytest.mark.grading
 def test_a_hanging_answer_is_waited_for_once(graded):
     """The rank-0-only barrier hangs in the first save test; the later save tests fail at once."""
-    nb = graded.course / "autograded" / "barrier_only_rank0" / "developer" / EXERCISES.name
+    nb = graded.course / "autograded" / "barrier_only_rank0_loads_nothing" / "developer" / EXERCISES.name
     assert "Rank 0 was stuck at `dist.barrier()`" in cell_output(nb, CONTENTS)
     for later in (WAITS, ONE_WRITER):
         assert "Not run again" in cell_output(nb, later)

@@ -134,6 +134,16 @@ def gather_unique(preds, labels, indices):
     return preds[order], labels[order]
 '''
 
+POOLED_ALWAYS_RAISES = '''
+def pooled_mean(losses, counts):
+    raise ValueError("no")                    # "refuses" every input, valid ones too
+'''
+
+ATOMIC_NEVER_WRITES = '''
+def atomic_save(obj, path):
+    pass                                      # no torn read, no leftover: and no checkpoint
+'''
+
 ATOMIC_DIRECT = '''
 def atomic_save(obj, path):
     torch.save(obj, path)
@@ -163,6 +173,7 @@ STUDENTS = {
                 "atomic_save": ATOMIC_DIRECT},
     "wrong_b": {"pooled_mean": POOLED_UNWEIGHTED, "gather_unique": GATHER_LOCAL_ONLY, "atomic_save": ATOMIC_COPY},
     "wrong_c": {"atomic_save": ATOMIC_LEAVES_TEMP},
+    "lazy": {"pooled_mean": POOLED_ALWAYS_RAISES, "atomic_save": ATOMIC_NEVER_WRITES},
     "blank": {},
 }
 # the reference solutions fill every cell a student does not name (wrong_c writes only atomic_save)
@@ -176,6 +187,8 @@ EXPECTED_LOST = {
     "wrong_b": {"test_pooled_mean_values", "test_pooled_mean_errors", "test_gather_unique_padded",
                 "test_gather_unique_dtypes", "test_atomic_save_no_torn_reads"},
     "wrong_c": {"test_atomic_save_no_leftovers"},
+    "lazy": {"test_pooled_mean_values", "test_pooled_mean_errors", "test_atomic_save_roundtrip",
+             "test_atomic_save_no_torn_reads", "test_atomic_save_no_leftovers"},
     "blank": set(TESTS),
 }
 
@@ -183,6 +196,8 @@ FEEDBACK = {  # student -> phrases its autograded notebook must show (what went 
     "wrong_a": ["unweighted mean (2.0) ignores", "padded duplicates", "found it torn"],
     "wrong_b": ["got back only its own", "expected ValueError (the lengths differ)", "found it torn"],
     "wrong_c": ["the folder also holds ['model.pt.staging']"],
+    "lazy": ["pooled_mean([1.0, 3.0], [1, 3]) raised ValueError: no. These inputs are valid",
+             "there is no file at path"],
     "blank": ["is not written yet"],
 }
 
