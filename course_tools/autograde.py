@@ -160,6 +160,7 @@ class CourseExecute(Execute):
         self._workdir = workdir
         if self.kill_processes:
             _set_child_subreaper()
+        self._children_before = {p.pid for p in self._own_children()}
         try:
             return super().preprocess(nb, resources, km)
         finally:
@@ -327,14 +328,20 @@ class CourseExecute(Execute):
             except OSError:
                 pass
 
+    @staticmethod
+    def _own_children() -> list:
+        try:
+            return psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return []
+
     def _kill_family(self) -> None:
         if not self.kill_processes:
             return
         procs = list(self._kernel_family.values())
-        try:  # orphans re-parented to this process (a child subreaper): daemons the kernel made
-            procs += psutil.Process().children(recursive=True)
-        except psutil.Error:
-            pass
+        # orphans re-parented to this process (a child subreaper): daemons the kernel made; the
+        # children this process had before the notebook are not the kernel's and are left alone
+        procs += [p for p in self._own_children() if p.pid not in self._children_before]
         alive = []
         for proc in procs:
             try:
