@@ -165,3 +165,16 @@ def test_a_cell_past_its_limit_that_ignores_the_interrupt_stops_the_notebook_not
     assert [o.get("ename") for o in nb.cells[1].outputs] == ["CellTimeoutError"]
     assert [(o.get("ename"), o.get("evalue")) for o in nb.cells[2].outputs] == [
         ("NotRun", "not run: cell 1 ran past its time limit, so this cell earns no points.")]
+
+
+def test_a_cell_keeps_at_most_its_byte_budget_of_output():
+    from course_tools.autograde import CourseExecute
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('x' * 3_000_000)"),
+                                         nbformat.v4.new_code_cell("print('small')")])
+    step = CourseExecute(skip_ungraded=False, definitions_only=False, sandbox="off", max_output_bytes=100_000)
+    nb, _ = step.preprocess(nb, {})
+    big = nb.cells[0].outputs
+    assert sum(len(o.get("text", "")) for o in big) < 101_000
+    assert big[-1]["text"].strip().startswith("[output cut:") and "more bytes than the grader keeps" in big[-1]["text"]
+    assert [o.get("text") for o in nb.cells[1].outputs] == ["small\n"]
