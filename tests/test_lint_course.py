@@ -34,7 +34,7 @@ DEMOS = {
         ("ORK107", "return list(torch.load(path, weights_only=True))"),
     },
     "developer/02_common_mistakes.ipynb": {
-        ("ORK102", "slow_save(ckpt, path, pause=0.1)    # = torch.save(ckpt, path): no `if rank == 0:`"),
+        ("ORK102", "slow_save(ckpt, path, pause=0.1)    # = torch.save(ckpt, path), stretched: no `if rank == 0:`"),
         ("ORK101", "dist.barrier()                  # only rank 0 ever reaches this line"),
         ("ORK105", "if (history[-1][1] if use_global else loss) < threshold:   # the decision"),
         ("ORK103", "return str(try_load(path))          # every rank reads: no barrier before it"),
@@ -44,7 +44,6 @@ DEMOS = {
     "researcher/03_barriers_and_files.ipynb": {
         ("ORK101", "dist.barrier()"),
         ("ORK101", "dist.all_reduce(torch.ones(3))"),
-        ("ORK107", 'final = torch.load(path, weights_only=True)["step"]'),
     },
 }
 
