@@ -33,7 +33,9 @@ __all__ = ["save_checkpoint_contents", "save_checkpoint_waits", "save_checkpoint
            "load_checkpoint_model_and_step", "load_checkpoint_optimizer",
            "load_checkpoint_missing_file", "should_stop_same_on_every_rank", "should_stop_weighted",
            "save_harness", "load_harness", "stop_harness", "write_checkpoint", "weighted_loss",
-           "same", "first_difference"]
+           "same", "first_difference",
+           "save_rotating_files", "save_rotating_waits", "save_rotating_one_writer", "save_rotating_atomic",
+           "save_rotating_durable", "save_rotating_mode", "save_rotating_failure", "rotating_harness"]
 
 #: Rank 0's slowed-down writes in :func:`save_checkpoint_waits`: (chunks, pause) for a short
 #: write (about 0.2 s) and a long one (about 2.4 s). Ranks that sleep instead of waiting at a
@@ -393,3 +395,404 @@ def should_stop_weighted(should_stop, losses, counts, thresholds) -> None:
                  f"({plain:.3f}) gives a rank with {min(counts)} samples as much say as one with "
                  f"{max(counts)}: weight each rank's loss by its n_samples.")
     passed(f"the decision follows the loss over all {sum(counts)} samples ({len(losses)} ranks)")
+
+
+# ----------------------------------------------------------------------------- save_rotating
+# (Exercise 4: developer/05_checkpointing_in_practice)
+
+#: Rank 0's slowed-down write of the last checkpoint of a run: (chunks, pause), about 0.4 s.
+ROTATING_WRITE = (8, 0.05)
+#: What the grader's failing write raises (a full disk), recognisable in the feedback.
+INJECTED = "No space left on device (the grader made this write fail on purpose)"
+
+_OBSERVED: dict[tuple, object] = {}  # (answer's code, run settings) -> observations or CheckFailed
+
+
+def _fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"fd {fd}"
+
+
+def _target_path(target) -> str:
+    if isinstance(target, (str, os.PathLike)):
+        return os.path.realpath(os.fspath(target))
+    try:
+        return _fd_path(target.fileno())
+    except (AttributeError, OSError, ValueError):
+        return str(getattr(target, "name", type(target).__name__))
+
+
+@contextlib.contextmanager
+def _watched_writes(log: list, on_half=None, slow: tuple | None = None, fail_write: bool = False):
+    """Every ``torch.save`` to a file is logged (its real path); with ``slow`` its bytes are written
+    in flushed pieces, ``on_half(path)`` is called when half of them are on disk, and with
+    ``fail_write`` the write then raises ``OSError(ENOSPC)`` as a full disk would."""
+    import errno
+    import io
+
+    import torch.serialization as ser
+
+    from helpers.lessons.races import write_slowly
+
+    original = ser._open_zipfile_writer
+
+    class Watched:
+        def __init__(self, target):
+            self.target, self.path = target, _target_path(target)
+            log.append(self.path)
+            self.buffer = io.BytesIO()
+            self.inner = original(self.buffer)
+
+        def __enter__(self):
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            self.inner.__exit__(*exc)
+            if exc[0] is not None:
+                return False
+            data = self.buffer.getvalue()
+            half = len(data) // 2
+            chunks, pause = slow or (2, 0.0)
+            out = self.target if hasattr(self.target, "write") else open(self.path, "wb")
+            try:
+                write_slowly(data[:half], out, max(1, chunks // 2), pause)
+                if on_half is not None:
+                    on_half(self.path)
+                if fail_write:
+                    raise OSError(errno.ENOSPC, INJECTED)
+                write_slowly(data[half:], out, max(1, chunks // 2), pause)
+            finally:
+                if out is not self.target:
+                    out.close()
+            return False
+
+    def opener(target):
+        if isinstance(target, io.BytesIO):
+            return original(target)
+        return Watched(target)
+
+    ser._open_zipfile_writer = opener
+    try:
+        yield log
+    finally:
+        ser._open_zipfile_writer = original
+
+
+@contextlib.contextmanager
+def _watched_fsyncs(fn, log: list):
+    """Every ``os.fsync``/``os.fdatasync`` in this process is logged as ``(path, size on disk)``,
+    however the answer imported it (``from os import fsync`` included)."""
+    originals = {"fsync": os.fsync, "fdatasync": getattr(os, "fdatasync", None)}
+
+    def wrap(real):
+        def watched(fd):
+            fileno = fd if isinstance(fd, int) else fd.fileno()
+            log.append((_fd_path(fileno), os.fstat(fileno).st_size))
+            return real(fd)
+        return watched
+
+    wrappers = {name: wrap(real) for name, real in originals.items() if real is not None}
+    swapped = []
+    for name, wrapper in wrappers.items():
+        setattr(os, name, wrapper)
+    for key, value in list(fn.__globals__.items()):
+        for name, real in originals.items():
+            if real is not None and value is real:
+                fn.__globals__[key] = wrappers[name]
+                swapped.append((key, real))
+    try:
+        yield log
+    finally:
+        for name, real in originals.items():
+            if real is not None:
+                setattr(os, name, real)
+        for key, real in swapped:
+            fn.__globals__[key] = real
+
+
+def _rotating_state(step: int) -> dict:
+    import torch
+
+    return {"step": step, "weights": torch.full((2048,), float(step))}
+
+
+def _listing(folder: str) -> list[str]:
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def rotating_harness(save_rotating, ckpt_dir: str, steps: list, keep, umask: int,
+                     fail_last: bool = False) -> dict:
+    """On every rank: ``save_rotating(state, ckpt_dir, step[, keep])`` for each step in turn
+    (``keep=None``: the default is used), with this process's umask set to ``umask``.
+
+    Rank 0's last write is slowed down; half-way through it, rank 0 notes what the folder
+    holds, and with ``fail_last`` the write then fails as a full disk would (the exception goes
+    on as it would in a real job). Right after each call returns, every rank notes what
+    ``latest`` names and whether that file loads. Rank 0 also logs every torch.save target,
+    every fsync, and the inodes of the files it published. No collective after the answer.
+    """
+    import torch.distributed as dist
+
+    from helpers.lessons.races import try_load
+
+    os.umask(umask)
+    rank = dist.get_rank()
+    seen = {"rank": rank, "returned": [], "after": [], "saves": [], "fsyncs": [], "inodes": [],
+            "half": None}
+
+    def at_half(path):
+        seen["half"] = {"target": path, "listing": _listing(ckpt_dir),
+                        "latest": _read_latest(ckpt_dir)}
+
+    for i, step in enumerate(steps):
+        last = i == len(steps) - 1
+        args = (_rotating_state(step), ckpt_dir, step) + (() if keep is None else (keep,))
+        watch = _watched_writes(seen["saves"], on_half=at_half if last and rank == 0 else None,
+                                slow=ROTATING_WRITE if last and rank == 0 else None,
+                                fail_write=fail_last and last and rank == 0)
+        with watch, _watched_fsyncs(save_rotating, seen["fsyncs"]):
+            returned = save_rotating(*args)
+        seen["returned"].append(os.path.realpath(os.fspath(returned))
+                                if isinstance(returned, (str, os.PathLike)) else repr(returned)[:80])
+        name = _read_latest(ckpt_dir)
+        loaded = try_load(os.path.join(ckpt_dir, name)) if name else "missing"
+        seen["after"].append({"latest": name, "loads": str(loaded)})
+        if rank == 0:
+            seen["inodes"].append({n: os.stat(os.path.join(ckpt_dir, n)).st_ino
+                                   for n in _listing(ckpt_dir)})
+    return seen
+
+
+def _read_latest(ckpt_dir: str):
+    try:
+        with open(os.path.join(ckpt_dir, "latest")) as f:
+            return f.read().strip()
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+        return None
+
+
+def _inspect(ckpt_dir: str) -> dict:
+    """Each file of ckpt_dir: its permission bits, and the step a checkpoint holds ("torn" if it
+    does not load)."""
+    import torch
+
+    files = {}
+    for name in _listing(ckpt_dir):
+        path = os.path.join(ckpt_dir, name)
+        files[name] = {"mode": os.stat(path).st_mode & 0o777, "loads": None}
+        if name.startswith("step_") and name.endswith(".pt"):
+            try:
+                files[name]["loads"] = torch.load(path, map_location="cpu", weights_only=True)["step"]
+            except Exception:  # noqa: BLE001 - a torn or foreign file is what is being checked
+                files[name]["loads"] = "torn"
+    return files
+
+
+def _ckpt_name(step: int) -> str:
+    return f"step_{step:08d}.pt"
+
+
+def _observe(save_rotating, world_size: int, steps: list, keep, umask: int, fail_last: bool = False):
+    """Run :func:`rotating_harness` once per answer and settings (the checks share the run)."""
+    __tracebackhide__ = True
+    from helpers.grading.answers import CheckFailed, _answer_key
+
+    key = (_answer_key(save_rotating, "save_rotating"), world_size, tuple(steps), keep, umask, fail_last)
+    if key not in _OBSERVED:
+        with scratch() as root:
+            ckpt_dir = os.path.realpath(os.path.join(root, "run-1", "checkpoints"))  # not there yet
+            try:
+                ranks = run_answer(rotating_harness, save_rotating, ckpt_dir, list(steps), keep, umask,
+                                   fail_last, name="save_rotating", world_size=world_size)
+                crashed = None
+            except CheckFailed as err:
+                if not (fail_last and INJECTED in str(err)):
+                    _OBSERVED[key] = err
+                    raise
+                ranks, crashed = None, str(err)      # the failed write ended the job, as it would
+            _OBSERVED[key] = {"ranks": ranks, "files": _inspect(ckpt_dir), "latest": _read_latest(ckpt_dir),
+                              "ckpt_dir": ckpt_dir, "crashed": crashed, "steps": list(steps),
+                              "keep": 3 if keep is None else keep, "umask": umask}
+    found = _OBSERVED[key]
+    if isinstance(found, CheckFailed):
+        raise found
+    return found
+
+
+#: The runs the checks share: visible (3 ranks, the default keep) and hidden (4 ranks, keep=2).
+_RUNS = {3: dict(steps=[1, 2, 3, 4, 5], keep=None, umask=0o022),
+         4: dict(steps=[10, 20, 30], keep=2, umask=0o027)}
+
+
+def _run(save_rotating, world_size: int):
+    __tracebackhide__ = True
+    settings = _RUNS.get(world_size, _RUNS[3])
+    return _observe(save_rotating, world_size, **settings)
+
+
+def save_rotating_files(save_rotating, world_size: int = 3) -> None:
+    """The folder holds the last ``keep`` checkpoints and ``latest``; each holds its own step; every
+    rank returns the new checkpoint's path; ``ckpt_dir`` is created if needed."""
+    __tracebackhide__ = True
+    seen = _run(save_rotating, world_size)
+    steps, keep, ckpt_dir = seen["steps"], seen["keep"], seen["ckpt_dir"]
+    want = [_ckpt_name(s) for s in steps[-keep:]] + ["latest"]
+    got = sorted(seen["files"])
+    if not got:
+        fail(f"Nothing was written in ckpt_dir ({ckpt_dir}, which did not exist yet): rank 0 should create "
+             "it (os.makedirs(ckpt_dir, exist_ok=True)) and write step_{step:08d}.pt there.")
+    if got != sorted(want):
+        extra = sorted(set(got) - set(want))
+        missing = sorted(set(want) - set(got))
+        fail(f"After saving steps {steps} with keep={keep}, ckpt_dir holds {got}; it should hold exactly "
+             f"{sorted(want)}. " + (f"Not expected: {extra}. " if extra else "")
+             + (f"Missing: {missing}. " if missing else "")
+             + "Name each checkpoint step_{step:08d}.pt, keep the newest `keep` of them, remove the older "
+             "ones, and leave no temp file behind.")
+    for s in steps[-keep:]:
+        loads = seen["files"][_ckpt_name(s)]["loads"]
+        if loads != s:
+            fail(f"{_ckpt_name(s)} holds {'a file that does not load' if loads == 'torn' else f'step {loads!r}'}: "
+                 f"it should be torch.save(state, ...) of the state passed with step={s}.")
+    if seen["latest"] != _ckpt_name(steps[-1]):
+        fail(f"`latest` holds {seen['latest']!r}; it should hold the newest checkpoint's file name, "
+             f"{_ckpt_name(steps[-1])!r} (the name only, not a path).")
+    expected = os.path.join(ckpt_dir, _ckpt_name(steps[-1]))
+    for r in seen["ranks"]:
+        if r["returned"][-1] != expected:
+            fail(f"Rank {r['rank']} returned {r['returned'][-1]!r}; every rank should return the new "
+                 f"checkpoint's path, os.path.join(ckpt_dir, {_ckpt_name(steps[-1])!r}).")
+    passed(f"the last {keep} checkpoints and `latest` are there, and every rank returned the path "
+           f"({world_size} ranks)")
+
+
+def save_rotating_waits(save_rotating, world_size: int = 3) -> None:
+    """Every rank returns only once the new checkpoint is complete and ``latest`` names it
+    (rank 0's write is slowed down)."""
+    __tracebackhide__ = True
+    seen = _run(save_rotating, world_size)
+    name = _ckpt_name(seen["steps"][-1])
+    for r in seen["ranks"]:
+        after = r["after"][-1]
+        if after["latest"] != name or after["loads"] != "ok":
+            found = ("there was no `latest` yet" if after["latest"] is None else
+                     f"`latest` named {after['latest']!r} (not {name!r}) and that file was {after['loads']}")
+            fail(f"Rank {r['rank']} returned before the save was finished: right after save_rotating returned, "
+                 f"{found}. Every "
+                 "rank must wait until rank 0 has written the checkpoint and `latest`: call dist.barrier() after "
+                 "rank 0's work, on every rank.")
+    passed(f"every rank returned only once {name} and `latest` were complete ({world_size} ranks)")
+
+
+def save_rotating_one_writer(save_rotating, world_size: int = 3) -> None:
+    """Only rank 0 writes: every rank's torch.save calls are counted."""
+    __tracebackhide__ = True
+    seen = _run(save_rotating, world_size)
+    writers = [r["rank"] for r in seen["ranks"] if r["saves"]]
+    if not writers:
+        fail("No rank called torch.save: rank 0 should write each checkpoint with torch.save.")
+    if writers != [0]:
+        fail(f"Ranks {writers} called torch.save. Only rank 0 should write (`if dist.get_rank() == 0:`): "
+             "ranks writing the same files at once can leave a mix of their writes, and every rank's "
+             "rotation removes files the others are still writing.")
+    passed(f"only rank 0 wrote ({world_size} ranks)")
+
+
+def save_rotating_atomic(save_rotating, world_size: int = 3) -> None:
+    """Rank 0 writes a temp file in ckpt_dir and renames it into place; ``latest`` is replaced
+    the same way; the old checkpoints are still there while the new one is written."""
+    __tracebackhide__ = True
+    seen = _run(save_rotating, world_size)
+    steps, keep, ckpt_dir = seen["steps"], seen["keep"], seen["ckpt_dir"]
+    rank0 = seen["ranks"][0]
+    half, final = rank0["half"], os.path.join(ckpt_dir, _ckpt_name(steps[-1]))
+    if half is None:
+        fail("Rank 0 never called torch.save for the last checkpoint: write it with torch.save.")
+    if half["target"] == final:
+        fail(f"Rank 0 wrote straight to the final name {_ckpt_name(steps[-1])}: while it is being written, "
+             "that name holds a half-written file, and a crash leaves it torn. Write to a temp file in ckpt_dir, "
+             "then os.replace(tmp, final).")
+    if os.path.dirname(half["target"]) != ckpt_dir:
+        fail(f"Rank 0 wrote the checkpoint to {half['target']}, outside ckpt_dir: os.replace is only atomic "
+             "within one filesystem, so write the temp file in ckpt_dir itself.")
+    before = [n for n in half["listing"] if n.startswith("step_") and n.endswith(".pt")]
+    earlier = [_ckpt_name(s) for s in steps[:-1]][-keep:]
+    if sorted(before) != sorted(earlier):
+        fail(f"While the new checkpoint was half-written, ckpt_dir held {sorted(before)} instead of the "
+             f"{len(earlier)} earlier ones {earlier}: old checkpoints were removed before the new one was "
+             "complete. Remove the oldest only after the new checkpoint and `latest` are in place.")
+    if half["latest"] != earlier[-1]:
+        fail(f"While the new checkpoint was half-written, `latest` held {half['latest']!r} instead of "
+             f"{earlier[-1]!r}: point `latest` at the new checkpoint only once it is complete.")
+    inodes = [i.get("latest") for i in rank0["inodes"]]
+    if any(a is not None and a == b for a, b in zip(inodes, inodes[1:])):
+        fail("`latest` was rewritten in place (the same file, truncated and written again): a reader, or a "
+             "crash, can find it empty. Write the new name to a temp file in ckpt_dir and os.replace it onto "
+             "`latest`, as for the checkpoint.")
+    passed(f"checkpoint and `latest` are published through a temp file and a rename; nothing old was removed "
+           f"early ({world_size} ranks)")
+
+
+def save_rotating_durable(save_rotating, world_size: int = 3) -> None:
+    """Rank 0 fsyncs the checkpoint's temp file before renaming it (os.fsync is watched)."""
+    __tracebackhide__ = True
+    seen = _run(save_rotating, world_size)
+    rank0 = seen["ranks"][0]
+    temp = rank0["half"]["target"] if rank0["half"] else None
+    synced = [(path, size) for path, size in rank0["fsyncs"] if path == temp]
+    if not synced:
+        fail("Rank 0 never called os.fsync on the checkpoint's temp file before renaming it. os.replace makes "
+             "the switch atomic, but without f.flush() and os.fsync(f.fileno()) the bytes may still be only "
+             "in memory: after a crash, the new name can point to an empty or partial file.")
+    passed(f"rank 0 fsynced the temp file before the rename ({world_size} ranks)")
+
+
+def save_rotating_mode(save_rotating, world_size: int = 3) -> None:
+    """The checkpoint and ``latest`` get the permissions a plain open() gives (0o666 minus the umask)."""
+    __tracebackhide__ = True
+    seen = _run(save_rotating, world_size)
+    want = 0o666 & ~seen["umask"]
+    for name, info in sorted(seen["files"].items()):
+        if info["mode"] != want:
+            fail(f"{name} has mode 0o{info['mode']:03o}; with the job's umask 0o{seen['umask']:03o} a plain "
+                 f"open() gives 0o{want:03o}. " + ("That is owner-only: tempfile.mkstemp and NamedTemporaryFile create "
+                                           "files with mode 0o600, unreadable to the rest of a team on a shared "
+                                           "cluster. Open the temp file with a plain open(tmp, 'wb')."
+                                           if info["mode"] == 0o600 else "Create files with a plain open()."))
+    passed(f"the files have the mode a plain open() gives, 0o{want:03o} ({world_size} ranks)")
+
+
+_FAILING = {3: dict(steps=[1, 2, 3, 4], keep=None, umask=0o022),
+            4: dict(steps=[5, 10, 15], keep=2, umask=0o022)}
+
+
+def save_rotating_failure(save_rotating, world_size: int = 3) -> None:
+    """A write that fails half-way (a full disk) leaves every earlier checkpoint, the previous
+    ``latest``, and no temp file."""
+    __tracebackhide__ = True
+    settings = _FAILING.get(world_size, _FAILING[3])
+    seen = _observe(save_rotating, world_size, fail_last=True, **settings)
+    steps, keep = seen["steps"], seen["keep"]
+    earlier = [_ckpt_name(s) for s in steps[:-1]][-keep:]
+    got = sorted(seen["files"])
+    if sorted(earlier + ["latest"]) != got:
+        extra = sorted(set(got) - set(earlier) - {"latest"})
+        lost = sorted(set(earlier) - set(got))
+        new = _ckpt_name(steps[-1])
+        torn = (f"A half-written {new} was left under the final name: write to a temp file, and rename it "
+                "only once it is complete. " if new in extra else "")
+        temps = [n for n in extra if n != new]
+        fail(f"Rank 0's write of {new} failed half-way (the grader made the disk full). "
+             f"Afterwards ckpt_dir holds {got}; it should hold the earlier checkpoints {earlier} and `latest`, "
+             "nothing else. " + torn + (f"Left behind: {temps}: remove the temp file when the write fails "
+                                        "(try/finally). " if temps else "")
+             + (f"Lost: {lost}: remove old checkpoints only after the new one is complete. " if lost else ""))
+    if any(seen["files"][n]["loads"] == "torn" for n in earlier):
+        fail("An earlier checkpoint no longer loads after the failed write.")
+    if seen["latest"] != earlier[-1]:
+        fail(f"After the failed write, `latest` holds {seen['latest']!r} instead of {earlier[-1]!r}: update "
+             "`latest` only once the new checkpoint is complete.")
+    passed(f"a write that failed half-way left the earlier checkpoints, `latest` and no temp file "
+           f"({world_size} ranks)")
