@@ -150,17 +150,16 @@ def graded(tmp_path_factory):
 @pytest.mark.grading
 def test_exercises_have_the_promised_tests(graded):
     assert set(graded.max_scores) >= ALL_TESTS
-    assert {g for g in graded.max_scores if g.startswith("test_")} == ALL_TESTS
+    assert {g for g in graded.max_scores if g.startswith("test_")} >= ALL_TESTS
 
 
 @pytest.mark.grading
 @pytest.mark.parametrize("student", list(STUDENTS))
 def test_each_answer_loses_exactly_the_right_points(graded, student):
-    lost = {g for g in graded.lost(student) if g.startswith("test_")}
+    lost = graded.lost(student) & ALL_TESTS  # the notebook's other exercises have their own suites
     assert lost == EXPECTED_LOST[student], (student, graded.scores[student])
     if not EXPECTED_LOST[student]:
-        full = sum(v for g, v in graded.max_scores.items() if g.startswith("test_"))
-        assert graded.total(student) == full
+        assert sum(graded.scores[student][g] for g in ALL_TESTS) == sum(graded.max_scores[g] for g in ALL_TESTS)
 
 
 @pytest.mark.grading

@@ -178,7 +178,8 @@ def _fingerprint(course: Path) -> dict[str, str]:
 
 
 def _lost(attacked, student) -> set[str]:
-    return attacked["graded"].lost(student)
+    """Lost tests of the two exercises the attacks answer (the notebook's other stubs fail)."""
+    return attacked["graded"].lost(student) & (SAVE | AVERAGE)
 
 
 def test_the_sandbox_is_used_here():
@@ -188,7 +189,7 @@ def test_the_sandbox_is_used_here():
 
 def test_every_student_is_graded_and_the_run_succeeds(attacked):
     graded = attacked["graded"]
-    assert all(len(graded.scores[s]) == 4 for s in graded.scores), graded.scores
+    assert all(SAVE | AVERAGE <= set(graded.scores[s]) for s in graded.scores), graded.scores
     assert attacked["code"] == 0, attacked["log"][-3000:]
     assert "NOT sandboxed" not in attacked["log"]
 

@@ -85,11 +85,12 @@ def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
     avg_tests = {g for g in graded.max_scores if "combined_average" in g}
     full = sum(graded.max_scores.values())
     assert graded.total("reference") == full
-    assert graded.lost("pool_hang") == save_tests
-    assert graded.lost("kernel_loop") == save_tests
+    theirs = save_tests | avg_tests  # the students answer these two; the notebook's other stubs fail
+    assert graded.lost("pool_hang") & theirs == save_tests
+    assert graded.lost("kernel_loop") & theirs == save_tests
     assert graded.total("kernel_killed") == 0, graded.scores["kernel_killed"]
-    assert graded.lost("rank_abort") == avg_tests
-    assert graded.total("messy") == full
+    assert graded.lost("rank_abort") & theirs == avg_tests
+    assert graded.lost("messy") & theirs == set()
 
     survivors = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
                  if f"600.{len(token)}" in " ".join(p.info["cmdline"] or [])]

@@ -123,6 +123,9 @@ _HUNG: dict[tuple, str] = {}
 
 
 def _answer_key(fn, name: str) -> tuple:
+    if isinstance(fn, type):  # a class answer: the code of its methods
+        return (name,) + tuple((k, f.__code__.co_code, repr(f.__code__.co_consts), f.__code__.co_names)
+                               for k, f in sorted(vars(fn).items()) if type(f) is types.FunctionType)
     code = fn.__code__
     return (name, code.co_code, repr(code.co_consts), code.co_names)
 
@@ -139,25 +142,31 @@ class Refused:
         return f"<{self.name}: not run during grading>"
 
 
-def _require_function(fn, name: str) -> None:
+def _require_function(fn, name: str, kind: str = "function") -> None:
     __tracebackhide__ = True
     if type(fn) is Refused:
         fail(f"{name}: {fn.reason}")
+    if kind == "class":
+        if not isinstance(fn, type):
+            fail(f"{name} should be a class written with `class {name}:`, but it is "
+                 f"{type(fn).__name__!r}. Run the cell that defines it, then this test again.")
+        return
     if type(fn) is not types.FunctionType:
         fail(f"{name} should be a function written with `def {name}(...):`, but it is "
              f"{type(fn).__name__!r}. Run the cell that defines it, then this test again.")
 
 
 def run_answer(harness: Callable, fn: Callable, *args, name: str, world_size: int = 3,
-               timeout: float | None = None, **kwargs) -> list:
+               timeout: float | None = None, kind: str = "function", **kwargs) -> list:
     """``run(harness, fn, *args, ...)`` on ``world_size`` ranks; return each rank's value.
 
-    ``fn`` is the learner's function (called ``name`` in the feedback); the harness calls it
-    on every rank. A hang or a crash becomes :class:`CheckFailed` with advice. If ``fn``
-    already hung in an earlier test in this kernel, this fails at once with the same advice.
+    ``fn`` is the learner's function (called ``name`` in the feedback), or with
+    ``kind="class"`` the learner's class; the harness calls it on every rank. A hang or a crash
+    becomes :class:`CheckFailed` with advice. If ``fn`` already hung in an earlier test in this
+    kernel, this fails at once with the same advice.
     """
     __tracebackhide__ = True
-    _require_function(fn, name)
+    _require_function(fn, name, kind)
     key = _answer_key(fn, name)
     if key in _HUNG:
         fail(f"Not run again: {_HUNG[key]}")

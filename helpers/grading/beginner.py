@@ -20,7 +20,8 @@ import os
 from helpers.grading.answers import fail, passed, run_answer, scratch
 
 __all__ = ["save_once_only_rank0_writes", "save_once_everyone_waits",
-           "combined_average_same_on_every_worker", "combined_average_unequal_counts"]
+           "combined_average_same_on_every_worker", "combined_average_unequal_counts",
+           "report_average_returns_combined", "report_average_only_worker0_prints"]
 
 #: Rank 0's slowed-down saves in :func:`save_once_everyone_waits`: (chunks, pause) for a short
 #: write of about 0.2 s and a long one of about 2.4 s. An answer that makes the other workers
@@ -238,3 +239,111 @@ def combined_average_unequal_counts(combined_average, losses: list[float],
     __tracebackhide__ = True
     _combined_average(combined_average, losses, counts)
     passed(f"right with unequal counts too ({len(losses)} workers, {sum(counts)} examples)")
+
+
+# ----------------------------------------------------------------------------- report_average
+# The logging lesson (``notebooks/beginner/02_every_clerk_talks.ipynb``): every worker combines,
+# worker 0 alone prints one line, every worker returns the combined value.
+
+#: The one line worker 0 prints: ``average loss: 1.2345``.
+REPORT_LINE = "average loss: {:.4f}"
+
+
+def _report_in_rank(report_average, losses, counts):
+    import torch.distributed as dist
+
+    from helpers.grading.answers import plain
+    from helpers.grading.output import captured_output
+
+    rank = dist.get_rank()
+    with captured_output() as out:
+        value = report_average(losses[rank], counts[rank])
+    return {"rank": rank, "value": plain(value), "stdout": out["stdout"], "stderr": out["stderr"]}
+
+
+def _report(report_average, losses, counts) -> tuple[list[dict], float, str]:
+    __tracebackhide__ = True
+    if len(losses) != len(counts) or len(losses) < 2:
+        raise ValueError("one loss and one count per worker, for at least 2 workers")
+    records = run_answer(_report_in_rank, report_average, list(losses), list(counts),
+                         name="report_average", world_size=len(losses))
+    truth = sum(l * c for l, c in zip(losses, counts)) / sum(counts)
+    setup = ("The workers' losses were " + ", ".join(f"{l:g} over {c} examples"
+                                                      for l, c in zip(losses, counts))
+             + f", so the average over all {sum(counts)} examples is {truth:.4f}.")
+    return records, truth, setup
+
+
+def _report_number(value, rank: int) -> float:
+    __tracebackhide__ = True
+    import numbers
+
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.item())
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    shown = value if isinstance(value, str) and value.startswith("<") else f"{value!r:.60}"
+    fail(f"report_average() returned {shown} on worker {rank}; it should return the combined "
+         "average as one plain number, e.g. `(totals[0] / totals[1]).item()`.")
+
+
+def report_average_returns_combined(report_average, losses: list[float], counts: list[int]) -> None:
+    """Every worker returns the average over all workers' examples (weighted by the counts)."""
+    __tracebackhide__ = True
+    records, truth, setup = _report(report_average, losses, counts)
+    world = len(losses)
+    silent = [r["rank"] for r in records if r["value"] is None]
+    if silent:
+        first = next((r for r in records if r["value"] is not None), None)
+        also = (f" (worker {first['rank']} returned {first['value']!r:.40})" if first else "")
+        fail(f"report_average() returned None on {_ranks(silent)}{also}. Every worker must return "
+             "the combined average: only the print belongs inside `if rank == 0:`, the combining "
+             "and the `return` come on every worker.")
+    got = [_report_number(r["value"], r["rank"]) for r in records]
+    shown = ", ".join(f"worker {r}: {v:.4f}" for r, v in enumerate(got))
+    if all(_close(v, truth) for v in got):
+        passed(f"every worker returned the combined average, {truth:.4f} ({world} workers)")
+        return
+    if all(_close(v, l) for v, l in zip(got, losses)):
+        fail(f"Each worker returned its own loss ({shown}): that describes one worker's share only. "
+             f"{setup} Combine first (dist.all_reduce of [loss × count, count]), then return the "
+             "combined value on every worker.")
+    if all(_close(v, sum(losses) / world) for v in got):
+        fail(f"Every worker returned {got[0]:.4f}, the average of the {world} workers' averages. "
+             f"{setup} A worker with more examples counts for more: add up loss × count and the "
+             "counts, then divide once.")
+    fail(f"The workers returned {shown}. {setup} Every worker should return that number.")
+
+
+def report_average_only_worker0_prints(report_average, losses: list[float], counts: list[int]) -> None:
+    """Worker 0 prints exactly one line, ``average loss: X.XXXX`` with the combined value, and
+    no other worker prints anything."""
+    __tracebackhide__ = True
+    records, truth, setup = _report(report_average, losses, counts)
+    lines = {r["rank"]: [line.strip() for line in r["stdout"].splitlines() if line.strip()]
+             for r in records}
+    talkers = [rank for rank, said in lines.items() if rank != 0 and said]
+    if talkers:
+        example = lines[talkers[0]][0]
+        fail(f"{_ranks(talkers).capitalize()} printed too (worker {talkers[0]}: {example[:80]!r}): "
+             f"{len(talkers) + bool(lines[0])} workers spoke for one job. Only worker 0 announces: put the "
+             "print inside `if dist.get_rank() == 0:`, after the combining, which every worker "
+             "still does.")
+    said = lines[0]
+    if not said:
+        fail(f"Worker 0 printed nothing. After the combining, worker 0 prints one line: "
+             f"`{REPORT_LINE.format(truth)}`.")
+    if len(said) > 1:
+        fail(f"Worker 0 printed {len(said)} lines ({said[0][:60]!r}, {said[1][:60]!r}, ...); it should "
+             f"print exactly one: `{REPORT_LINE.format(truth)}`.")
+    line, want = said[0], REPORT_LINE.format(truth)
+    if line == want:
+        passed(f"worker 0 alone printed `{want}` ({len(losses)} workers)")
+        return
+    if line == REPORT_LINE.format(losses[0]):
+        fail(f"Worker 0 printed `{line}`: its own loss, the average over its {counts[0]} examples "
+             f"only. {setup} Print the combined value: `{want}`.")
+    fail(f"Worker 0 printed {line[:80]!r}; the line should read exactly `{want}` (the combined "
+         "average with 4 decimals: f\"average loss: {value:.4f}\"). " + setup)

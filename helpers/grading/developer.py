@@ -35,7 +35,11 @@ __all__ = ["save_checkpoint_contents", "save_checkpoint_waits", "save_checkpoint
            "save_harness", "load_harness", "stop_harness", "write_checkpoint", "weighted_loss",
            "same", "first_difference",
            "save_rotating_files", "save_rotating_waits", "save_rotating_one_writer", "save_rotating_atomic",
-           "save_rotating_durable", "save_rotating_mode", "save_rotating_failure", "rotating_harness"]
+           "save_rotating_durable", "save_rotating_mode", "save_rotating_failure", "rotating_harness",
+           "setup_logging_console_and_files", "setup_logging_twice", "logging_harness",
+           "rank_zero_only_runs_on_rank_0", "rank_zero_only_keeps_name_and_doc",
+           "rank_zero_only_before_init", "rank_zero_only_decides_at_each_call",
+           "rank_zero_only_harness"]
 
 #: Rank 0's slowed-down writes in :func:`save_checkpoint_waits`: (chunks, pause) for a short
 #: write (about 0.2 s) and a long one (about 2.4 s). Ranks that sleep instead of waiting at a
@@ -796,3 +800,287 @@ def save_rotating_failure(save_rotating, world_size: int = 3) -> None:
              "`latest` only once the new checkpoint is complete.")
     passed(f"a write that failed half-way left the earlier checkpoints, `latest` and no temp file "
            f"({world_size} ranks)")
+
+
+# ----------------------------------------------------------------------------- setup_logging
+# The logging lesson (``notebooks/developer/04_logging_from_one_rank.ipynb`` §3): rank 0 talks on
+# stdout at INFO, every rank writes DEBUG to its own file, every record names its rank, a second
+# call adds nothing, and nothing goes through the root logger.
+
+
+def logging_harness(setup_logging, log_dir, calls, tag):
+    """On every rank: a handler on the root logger (what ``logging.basicConfig`` leaves) counts
+    what reaches it; ``setup_logging(rank, log_dir)`` is called ``calls`` times; the last logger
+    returned logs one DEBUG, one INFO and one WARNING record carrying ``tag``. Returns what the
+    rank printed, its file, and the state of the loggers."""
+    import logging
+
+    import torch.distributed as dist
+
+    from helpers.grading.output import captured_output
+
+    rank = dist.get_rank()
+    reached_root = []
+
+    class _RootWatch(logging.Handler):
+        def emit(self, record):
+            reached_root.append(f"{record.name}: {record.getMessage()}"[:200])
+
+    watch = _RootWatch(logging.DEBUG)
+    logging.getLogger().addHandler(watch)
+    handlers, kind, name = [], None, None
+    with captured_output() as out:
+        for _ in range(calls):
+            logger = setup_logging(rank, log_dir)
+            handlers.append(len(logger.handlers) if isinstance(logger, logging.Logger) else None)
+        kind, name = type(logger).__name__, getattr(logger, "name", None)
+        if isinstance(logger, logging.Logger):
+            for level, word in ((logging.DEBUG, "debug"), (logging.INFO, "info"),
+                                (logging.WARNING, "warning")):
+                logger.log(level, "%s %s record", tag, word)
+            for handler in logger.handlers:
+                handler.flush()
+    logging.getLogger().removeHandler(watch)
+    path = os.path.join(log_dir, f"rank{rank}.log")
+    text = open(path, errors="replace").read()[:20000] if os.path.isfile(path) else None
+    return {"rank": rank, "kind": kind, "name": name, "same": logger is logging.getLogger("train"),
+            "propagate": bool(getattr(logger, "propagate", False)),
+            "handlers": handlers, "stdout": out["stdout"], "stderr": out["stderr"], "file": text,
+            "dir": os.path.isdir(log_dir), "root": reached_root[:10]}
+
+
+def _logging_records(setup_logging, world_size: int, calls: int, missing: str) -> tuple[list[dict], str]:
+    """``missing``: the part of log_dir that does not exist yet ("" for an existing folder)."""
+    __tracebackhide__ = True
+    tag = "check-7f3a"
+    with scratch() as folder:
+        log_dir = os.path.join(folder, missing) if missing else folder
+        records = run_answer(logging_harness, setup_logging, log_dir, calls, tag,
+                             name="setup_logging", world_size=world_size)
+    for r in records:
+        if r["kind"] != "Logger" or r["name"] != "train" or not r["same"]:
+            got = f"a {r['kind']} named {r['name']!r}" if r["kind"] else "nothing"
+            fail(f"setup_logging() returned {got} on rank {r['rank']}. It should configure and "
+                 "return the logger named \"train\": `logger = logging.getLogger(\"train\")` ... "
+                 "`return logger`.")
+        if not r["dir"]:
+            fail(f"After setup_logging() on rank {r['rank']}, log_dir did not exist. Create it when "
+                 "it is missing: os.makedirs(log_dir, exist_ok=True) (exist_ok: every rank does it).")
+        if r["root"] or r["propagate"]:
+            seen = f" ({r['root'][0]!r})" if r["root"] else ""
+            fail(f"On rank {r['rank']}, records also went through the root logger{seen}, "
+                 "so any handler there (logging.basicConfig, a library's) prints them again. Set "
+                 "`logger.propagate = False` on the \"train\" logger and attach your handlers to it.")
+    return records, tag
+
+
+def _lines_with(text: str, needle: str) -> list[str]:
+    return [line for line in (text or "").splitlines() if needle in line]
+
+
+def setup_logging_console_and_files(setup_logging, world_size: int = 3, missing: str = "logs") -> None:
+    """One call per rank, ``log_dir`` missing its last ``missing`` part(s): rank 0 shows INFO and
+    WARNING on stdout, the other ranks nothing on stdout; every rank's ``log_dir/rank{rank}.log``
+    holds its DEBUG, INFO and WARNING records; every line, on screen and in the files, says
+    ``rank {rank}``."""
+    __tracebackhide__ = True
+    records, tag = _logging_records(setup_logging, world_size, 1, missing)
+    for r in records:
+        rank, label = r["rank"], f"rank {r['rank']}"
+        if r["file"] is None:
+            fail(f"There is no log_dir/rank{rank}.log after rank {rank} logged. Every rank writes its "
+                 f"records to its own file: logging.FileHandler(os.path.join(log_dir, f\"rank{{rank}}.log\")).")
+        for word in ("debug", "info", "warning"):
+            found = _lines_with(r["file"], f"{tag} {word} record")
+            if not found:
+                fail(f"Rank {rank}'s file rank{rank}.log is missing its {word.upper()} record. The "
+                     "file takes every record from DEBUG up: set the logger's level and the file "
+                     "handler's to logging.DEBUG.")
+            if label not in found[0]:
+                fail(f"A line of rank{rank}.log does not say `{label}`: {found[0][:100]!r}. Every "
+                     f"record must name its rank: put it in the format, e.g. "
+                     f"logging.Formatter(f\"rank {{rank}} %(levelname)s %(message)s\").")
+        talk = [line for line in r["stdout"].splitlines() if line.strip()]
+        if rank != 0 and talk:
+            fail(f"Rank {rank} printed to stdout ({talk[0][:80]!r}). Only rank 0 talks on the console; "
+                 "the other ranks write to their files only.")
+    out = records[0]["stdout"]
+    if _lines_with(out, f"{tag} debug record"):
+        fail("Rank 0 printed a DEBUG record on stdout. The console shows INFO and above: set the "
+             "console handler's level to logging.INFO (the file keeps DEBUG).")
+    for word in ("info", "warning"):
+        found = _lines_with(out, f"{tag} {word} record")
+        if not found:
+            elsewhere = " (it went to stderr: use logging.StreamHandler(sys.stdout))" \
+                if _lines_with(records[0]["stderr"], f"{tag} {word} record") else ""
+            fail(f"Rank 0 did not print its {word.upper()} record on stdout{elsewhere}. On rank 0, a "
+                 "handler on stdout shows INFO and above.")
+        if "rank 0" not in found[0]:
+            fail(f"Rank 0's console line does not say `rank 0`: {found[0][:100]!r}. Use the same "
+                 "format, with the rank, for the console and the file.")
+        if len(found) > 1:
+            fail(f"Rank 0 printed its {word.upper()} record {len(found)} times. Attach one console "
+                 "handler, once.")
+    passed(f"rank 0 on the console, every rank in its own file, each line with its rank ({world_size} ranks)")
+
+
+def setup_logging_twice(setup_logging, world_size: int = 3) -> None:
+    """``setup_logging`` called twice on every rank: the logger keeps the handlers of one call,
+    and every record appears once on rank 0's stdout and once in each rank's file."""
+    __tracebackhide__ = True
+    records, tag = _logging_records(setup_logging, world_size, 2, "")
+    for r in records:
+        first, second = r["handlers"]
+        if second != first:
+            fail(f"On rank {r['rank']} the \"train\" logger had {first} handler(s) after the first call "
+                 f"and {second} after the second. Calling setup_logging() again must not add handlers: "
+                 "remove (and close) the ones a previous call attached, or return the logger as it is.")
+        for where, text in (("its file", r["file"]), ("stdout", r["stdout"] if r["rank"] == 0 else "")):
+            found = _lines_with(text, f"{tag} info record")
+            if len(found) > 1:
+                fail(f"After two calls, rank {r['rank']}'s INFO record appears {len(found)} times in "
+                     f"{where}: each call added its handlers again. Remove the handlers a previous "
+                     "call attached (or return early when they are there).")
+    passed(f"set up twice, every line still once ({world_size} ranks)")
+
+
+# ----------------------------------------------------------------------------- rank_zero_only
+# The logging lesson's table (Lightning's rank_zero_only) and §2: a decorator that runs the
+# function on rank 0 only, deciding at each call, with or without a process group.
+
+
+def rank_zero_only_harness(rank_zero_only):
+    """On every rank of a pool started *without* a process group: the decorator is applied
+    while neither ``RANK`` nor a process group exists (as at import time); the wrapped function
+    is then called with neither, with ``RANK`` set (before ``init_process_group``), and after
+    ``dist.init_process_group``. Returns what each call returned or raised."""
+    import torch.distributed as dist
+
+    from helpers.grading.answers import plain
+
+    rank = int(os.environ["RANK"])
+    # what launchers set; all of it absent while decorating, as in a process no launcher started
+    launcher = {k: os.environ.pop(k) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_PROCID")
+                if k in os.environ}
+    ran = []
+
+    def log_metrics(step, scale=1):
+        """Write one line of metrics (the decorated function of the test)."""
+        ran.append(step)
+        return step * scale
+
+    out = {"rank": rank, "phases": {}}
+    try:
+        wrapped = rank_zero_only(log_metrics)
+    except Exception as e:  # noqa: BLE001 - what the answer raised is the result
+        out["decorating"] = f"{type(e).__name__}: {e}"[:300]
+        return out
+    out["name"], out["doc"] = plain(getattr(wrapped, "__name__", None)), plain(getattr(wrapped, "__doc__", None))
+    out["callable"] = callable(wrapped)
+
+    def attempt(phase, step):
+        before = len(ran)
+        try:
+            value = plain(wrapped(step, scale=10))
+        except Exception as e:  # noqa: BLE001
+            out["phases"][phase] = {"raised": f"{type(e).__name__}: {e}"[:300]}
+            return
+        out["phases"][phase] = {"value": value, "ran": len(ran) > before}
+
+    if out["callable"]:
+        attempt("neither", 1)                  # no RANK, no process group: a lone process
+        os.environ.update(launcher)
+        attempt("env", 2)                      # the launcher's RANK, before init_process_group
+        dist.init_process_group("gloo")
+        attempt("group", 3)                    # after init_process_group
+    return out
+
+
+_PHASES = {"neither": "with neither RANK in the environment nor a process group (a lone process)",
+           "env": "with RANK set by the launcher, before init_process_group",
+           "group": "after init_process_group"}
+
+
+def _decorated(rank_zero_only, world_size: int) -> list[dict]:
+    __tracebackhide__ = True
+    records = run_answer(rank_zero_only_harness, rank_zero_only, name="rank_zero_only",
+                         world_size=world_size, init_process_group=False)
+    for r in records:
+        if r.get("decorating", "").startswith("NotImplementedError"):
+            fail("rank_zero_only() is not written yet: replace `raise NotImplementedError()` with your code.")
+        if "decorating" in r:
+            fail(f"rank_zero_only(fn) raised {r['decorating']} on rank {r['rank']}, when it was applied "
+                 "before the process group existed (as `@rank_zero_only` at import time does). Decide "
+                 "nothing when decorating: return a wrapper that looks up the rank each time it is called.")
+        if not r["callable"]:
+            fail(f"rank_zero_only(fn) returned something that cannot be called on rank {r['rank']}: "
+                 "return the wrapper function.")
+    return records
+
+
+def _phase(records, phase: str, step: int) -> None:
+    """Rank 0 runs the function and gets its value; the other ranks get None without running it."""
+    __tracebackhide__ = True
+    when = _PHASES[phase]
+    for r in records:
+        got = r["phases"].get(phase, {})
+        if "raised" in got:
+            hint = (" Before init_process_group, dist.get_rank() raises: read the launcher's "
+                    "RANK from the environment then, and treat a process with neither as rank 0, "
+                    "e.g. int(os.environ.get(\"RANK\", 0))." if phase != "group" else "")
+            fail(f"Called {when}, the decorated function raised {got['raised']} on rank "
+                 f"{r['rank']}.{hint}")
+        should_run = phase == "neither" or r["rank"] == 0
+        if should_run and (not got.get("ran") or got.get("value") != step * 10):
+            fail(f"Called {when}, the decorated function did not run on rank {r['rank']} "
+                 f"(it returned {got.get('value')!r}). "
+                 + ("A process with neither RANK nor a process group is rank 0: it runs the function."
+                    if phase == "neither" else "Rank 0 runs the function and returns its value."))
+        if not should_run and (got.get("ran") or got.get("value") is not None):
+            fail(f"Called {when}, the decorated function ran on rank {r['rank']} (it returned "
+                 f"{got.get('value')!r}). On every rank but 0 the wrapper must return None without "
+                 "calling the function.")
+
+
+def rank_zero_only_runs_on_rank_0(rank_zero_only, world_size: int = 3) -> None:
+    """After ``init_process_group``: rank 0 runs the function and returns its value (arguments
+    passed through), every other rank returns ``None`` and does not run it."""
+    __tracebackhide__ = True
+    records = _decorated(rank_zero_only, world_size)
+    _phase(records, "group", 3)
+    passed(f"the function ran on rank 0 only, and returned its value there ({world_size} ranks)")
+
+
+def rank_zero_only_keeps_name_and_doc(rank_zero_only, world_size: int = 3) -> None:
+    """The wrapper keeps the function's ``__name__`` and ``__doc__`` (``functools.wraps``)."""
+    __tracebackhide__ = True
+    records = _decorated(rank_zero_only, world_size)
+    r = records[0]
+    if r["name"] != "log_metrics" or r["doc"] != "Write one line of metrics (the decorated function of the test).":
+        fail(f"The decorated function is called {r['name']!r} with the docstring {str(r['doc'])[:60]!r}; "
+             "it should keep the original's name and docstring (log_metrics). Decorate your wrapper "
+             "with @functools.wraps(fn).")
+    passed("the wrapper keeps the function's name and docstring")
+
+
+def rank_zero_only_before_init(rank_zero_only, world_size: int = 3) -> None:
+    """Before ``init_process_group``: with the launcher's ``RANK`` in the environment only rank 0
+    runs the function; with neither ``RANK`` nor a process group the process is rank 0."""
+    __tracebackhide__ = True
+    records = _decorated(rank_zero_only, world_size)
+    _phase(records, "neither", 1)
+    _phase(records, "env", 2)
+    passed(f"before init_process_group too: RANK from the environment, rank 0 by default ({world_size} ranks)")
+
+
+def rank_zero_only_decides_at_each_call(rank_zero_only, world_size: int = 3) -> None:
+    """Decorated while the rank was not known yet (no ``RANK``, no process group), the wrapper
+    still runs the function on rank 0 only once the rank is known: it decides at each call."""
+    __tracebackhide__ = True
+    records = _decorated(rank_zero_only, world_size)
+    if all(r["phases"].get("group", {}).get("value") is not None for r in records):
+        fail("The function was decorated before the rank was known (no RANK, no process group, as "
+             "at import time), and after init_process_group it ran on every rank. The wrapper "
+             "decided once, when decorating. Look up the rank inside the wrapper, at each call.")
+    _phase(records, "group", 3)
+    passed(f"decorated before the ranks existed, it still decides at each call ({world_size} ranks)")

@@ -21,7 +21,9 @@ from helpers.grading.answers import fail, passed, run_answer, scratch
 
 __all__ = ["pooled_mean_values", "pooled_mean_errors", "gather_unique_padded",
            "gather_unique_dtypes", "atomic_save_roundtrip", "atomic_save_no_torn_reads",
-           "atomic_save_no_leftovers", "ERROR_CASES"]
+           "atomic_save_no_leftovers", "ERROR_CASES", "distributed_mean_pooled",
+           "distributed_mean_one_collective", "distributed_mean_past_2_24",
+           "distributed_mean_no_samples", "distributed_mean_reset", "mean_harness", "PLANS"]
 
 #: Inputs that have no pooled mean, by what is wrong with them.
 ERROR_CASES = {
@@ -343,3 +345,268 @@ def atomic_save_no_leftovers(atomic_save, saves: int = 3, world_size: int = 3) -
             if got != {"step": saves - 1}:
                 fail(f"After {saves} saves the path holds {got!r:.60}, not the last object saved.")
     passed(f"after {saves} saves only the checkpoint is left ({world_size} folders)")
+
+
+# ----------------------------------------------------------------------------- DistributedMean
+# The logging lesson (``notebooks/researcher/04_metrics_over_time.ipynb``): a running
+# [sum, count] metric, local updates, one collective per compute(), exact past 2**24 samples.
+
+#: A plan is one list of operations per rank: ("update", batch_mean, n), ("compute",), ("reset",).
+#: Every rank's plan holds the same compute() calls in the same order (they are collectives).
+PLANS = {
+    "pooled": [[("update", 0.5, 4), ("update", 1.5, 2), ("compute",)],
+               [("update", 3.0, 1), ("compute",)],
+               [("compute",)]],                                   # rank 2: no sample at all
+    "pooled_hidden": [[("update", 0.25, 1), ("compute",)],
+                      [("update", 2.0, 30), ("update", 1.0, 10), ("update", 4.0, 1), ("compute",)],
+                      [("compute",)],
+                      [("update", 0.75, 7), ("update", 0.5, 7), ("compute",)]],
+    "collectives": [[("update", 1.0, 3), ("update", 2.0, 1), ("compute",), ("compute",),
+                     ("update", 5.0, 2), ("compute",)],
+                    [("update", 4.0, 2), ("compute",), ("compute",), ("compute",)],
+                    [("compute",), ("compute",), ("update", 0.5, 6), ("compute",)]],
+    "collectives_hidden": [[("update", 0.5, 2), ("compute",), ("compute",), ("compute",)],
+                           [("compute",), ("update", 1.5, 5), ("compute",), ("compute",)],
+                           [("update", 3.0, 1), ("update", 1.0, 1), ("compute",), ("compute",),
+                            ("update", 2.0, 4), ("compute",)],
+                           [("compute",), ("compute",), ("compute",)]],
+    # past 2**24: rank 0's single samples vanish into a float32 count, and the total is odd
+    "large": [[("update", 0.25, 2 ** 24)] + [("update", 4.0, 1)] * 100 + [("compute",)],
+              [("update", 1.0, 7), ("compute",)],
+              [("update", 2.0, 3_000_000), ("compute",)]],
+    "large_hidden": [[("update", 1.0, 3)] * 40 + [("compute",)],
+                     [("update", 1.5, 9_000_001), ("update", 0.5, 9_000_001)] + [("update", 2.0, 1)] * 60
+                     + [("compute",)],
+                     [("compute",)],
+                     [("update", 3.0, 5), ("compute",)]],
+    "empty": [[("compute",)], [("compute",)], [("compute",)]],
+    "empty_hidden": [[("update", 2.0, 3), ("reset",), ("compute",)], [("compute",)], [("reset",), ("compute",)],
+                     [("compute",)]],
+    "reset": [[("update", 1.0, 5), ("compute",), ("reset",), ("update", 3.0, 1), ("compute",)],
+              [("update", 2.0, 5), ("compute",), ("reset",), ("compute",)],
+              [("compute",), ("reset",), ("update", 0.5, 3), ("compute",)]],
+    "reset_hidden": [[("update", 1.0, 2), ("reset",), ("reset",), ("update", 2.0, 2), ("compute",),
+                      ("reset",), ("compute",)],
+                     [("update", 9.0, 9), ("reset",), ("compute",), ("reset",), ("update", 1.0, 3),
+                      ("compute",)],
+                     [("compute",), ("update", 4.0, 1), ("reset",), ("compute",)],
+                     [("update", 6.0, 2), ("compute",), ("reset",), ("update", 0.5, 1), ("compute",)]],
+}
+
+
+def mean_harness(cls, plans):
+    """On every rank: a fresh ``cls()``, then this rank's plan, each method call watched for
+    collectives (:func:`helpers.lessons.logs.count_collectives`). Returns, per call, its value
+    or what it raised, and the collectives it ran."""
+    import torch.distributed as dist
+
+    from helpers.grading.answers import plain
+    from helpers.lessons.logs import count_collectives
+
+    rank = dist.get_rank()
+    try:
+        metric = cls()
+    except Exception as e:  # noqa: BLE001 - reported to the learner
+        return {"rank": rank, "constructing": f"{type(e).__name__}: {e}"[:300], "log": []}
+    log = []
+    for op, *args in plans[rank]:
+        method = getattr(metric, op, None)
+        if not callable(method):
+            return {"rank": rank, "missing": op, "log": log}
+        try:
+            value, counted = count_collectives(method, *args)
+        except Exception as e:  # noqa: BLE001
+            log.append({"op": op, "raised": type(e).__name__[:80], "message": str(e)[:200],
+                        "is_value_error": isinstance(e, ValueError)})
+            continue
+        entry = {"op": op, "collectives": dict(counted)}
+        if op == "compute":
+            entry["value"] = plain(value)
+        log.append(entry)
+    return {"rank": rank, "log": log}
+
+
+def _expected(plans) -> list[dict]:
+    """For each compute() (in order): the pooled mean over every rank's samples since its last
+    reset (None: no samples anywhere), and what the usual wrong answers would give."""
+    state = [[] for _ in plans]           # per rank: (batch_mean, n) since the last reset
+    position = [0] * len(plans)
+    out = []
+    while True:
+        for r, plan in enumerate(plans):  # run every rank up to its next compute()
+            while position[r] < len(plan) and plan[position[r]][0] != "compute":
+                op, *args = plan[position[r]]
+                if op == "update":
+                    state[r].append((args[0], args[1]))
+                else:
+                    state[r] = []
+                position[r] += 1
+        if any(position[r] >= len(plan) for r, plan in enumerate(plans)):
+            return out
+        batches = [b for s in state for b in s]
+        n = sum(k for _, k in batches)
+        local = [math.fsum(m * k for m, k in s) / sum(k for _, k in s) if s else None for s in state]
+        means = [v for v in local if v is not None]
+        out.append({"truth": math.fsum(m * k for m, k in batches) / n if n else None,
+                    "local": local, "batch_means": (sum(m for m, _ in batches) / len(batches)) if batches else None,
+                    "rank_means": sum(means) / len(means) if means else None,
+                    "samples": [sum(k for _, k in s) for s in state], "n": n})
+        position = [p + 1 for p in position]
+
+
+def _mean_records(cls, plan: str) -> tuple[list[dict], list[dict]]:
+    __tracebackhide__ = True
+    from helpers.grading.answers import CheckFailed
+
+    plans = PLANS[plan]
+    try:
+        records = run_answer(mean_harness, cls, plans, name="DistributedMean", kind="class",
+                             world_size=len(plans))
+    except CheckFailed as e:
+        if "never finished" not in str(e) and "was still running" not in str(e):
+            raise
+        fail(f"{e} compute() is a collective: every rank must reach its all_reduce at every "
+             "call, a rank with no sample of its own too. Reduce first, then decide (about "
+             "ValueError as well) from the totals, which every rank then holds.")
+    for r in records:
+        if r.get("constructing", "").startswith("NotImplementedError"):
+            fail("DistributedMean is not written yet: replace `raise NotImplementedError()` with "
+                 "your __init__, and add update(), compute() and reset().")
+        if "constructing" in r:
+            fail(f"DistributedMean() raised {r['constructing']} on rank {r['rank']}: the constructor "
+                 "takes no argument and starts with no sample.")
+        if "missing" in r:
+            fail(f"DistributedMean has no method {r['missing']}(): it needs update(batch_mean, n), "
+                 "compute() and reset().")
+        for entry in r["log"]:
+            if entry.get("raised") == "NotImplementedError":
+                fail(f"DistributedMean.{entry['op']}() is not written yet: replace "
+                     "`raise NotImplementedError()` with your code.")
+    return records, _expected(plans)
+
+
+#: Relative error allowed: float32 arithmetic is fine for ordinary counts; past 2**24 samples
+#: only float64 (or exact integer) counting is right, and a float32 count is off by far more.
+TOLERANCE, EXACT = 1e-6, 1e-10
+
+
+def _close_mean(value, truth, rel: float = TOLERANCE) -> bool:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(value) and math.isclose(value, truth, rel_tol=rel, abs_tol=1e-12)
+
+
+def _judge_computes(records, expected, what: str, rel: float = TOLERANCE) -> None:
+    """Every compute() on every rank: the pooled mean, or ValueError when no rank has a sample."""
+    __tracebackhide__ = True
+    for r in records:
+        computes = [e for e in r["log"] if e["op"] == "compute"]
+        for k, (got, want) in enumerate(zip(computes, expected)):
+            where = f"compute() call {k + 1} on rank {r['rank']} ({what})"
+            state = (f"the ranks had seen {want['samples']} samples"
+                     + (f" in all {want['n']:,}" if want["n"] else ""))
+            if want["truth"] is None:
+                if "raised" in got and got["is_value_error"]:
+                    continue
+                shown = f"raised {got['raised']}" if "raised" in got else f"returned {got.get('value')!r:.40}"
+                fail(f"{where} {shown}, but no rank had seen a sample ({state}): there is no mean "
+                     "of nothing. Raise ValueError, on every rank, once the collective has told "
+                     "you that the total count is 0.")
+            if "raised" in got:
+                lonely = want["samples"][r["rank"]] == 0
+                fail(f"{where} raised {got['raised']}: {got['message'][:120]}. "
+                     + (f"This rank had no sample of its own, but the others had: {state}. "
+                        "Raise only when the count over all ranks is 0; otherwise return the "
+                        "pooled mean, on every rank." if lonely else
+                        f"{state}; it should return {want['truth']:.10g}."))
+            value = got.get("value")
+            if _close_mean(value, want["truth"], rel):
+                continue
+            hint = ""
+            if want["local"][r["rank"]] is not None and _close_mean(value, want["local"][r["rank"]]):
+                hint = (" That is this rank's own mean: add up [sum, count] across the ranks "
+                        "(one all_reduce) before dividing.")
+            elif want["rank_means"] is not None and _close_mean(value, want["rank_means"]):
+                hint = (" That is the mean of the ranks' own means: ranks with more samples must "
+                        "count for more. Reduce the sums and the counts, then divide once.")
+            elif want["batch_means"] is not None and _close_mean(value, want["batch_means"]):
+                hint = (" That is the plain mean of the batch means: a batch of n samples adds "
+                        "batch_mean * n to the sum and n to the count.")
+            elif want["n"] > 2 ** 24 and isinstance(value, float) and math.isfinite(value) \
+                    and math.isclose(value, want["truth"], rel_tol=1e-2):
+                hint = (f" Close, but {want['n']:,} samples are past 2**24 = 16,777,216, where "
+                        "float32 stops counting single samples: keep the sum and the count in "
+                        "float64 (or Python numbers), and all_reduce a float64 tensor.")
+            if not hint and k:
+                hint = (" compute() had been called before on this rank: if it all-reduced the "
+                        "running [sum, count] in place, this rank now holds every rank's totals "
+                        "and counts them again. all_reduce a copy.")
+            fail(f"{where} returned {value!r:.40}; {state}, whose pooled mean is "
+                 f"{want['truth']:.10g}.{hint}")
+
+
+def distributed_mean_pooled(DistributedMean, plan: str = "pooled") -> None:
+    """Ranks with different numbers of update() calls, unequal counts and a rank with no sample:
+    compute() returns the mean over every rank's samples, on every rank."""
+    __tracebackhide__ = True
+    records, expected = _mean_records(DistributedMean, plan)
+    _judge_computes(records, expected, "uneven ranks")
+    passed(f"the pooled mean over every rank's samples, on every rank ({len(records)} ranks)")
+
+
+def distributed_mean_one_collective(DistributedMean, plan: str = "collectives") -> None:
+    """update() runs no collective; every compute() runs exactly one, leaves the state as it was
+    (twice in a row: the same value) and stays right after more updates."""
+    __tracebackhide__ = True
+    records, expected = _mean_records(DistributedMean, plan)
+    for r in records:
+        for entry in r["log"]:
+            ran = sum(entry.get("collectives", {}).values())
+            which = ", ".join(f"{n} {op}" for op, n in sorted(entry.get("collectives", {}).items()))
+            if entry["op"] == "update" and ran:
+                fail(f"update() ran {which} on rank {r['rank']}. update() is local: add the batch to "
+                     "this rank's running sum and count, and leave the communication to compute().")
+            if entry["op"] == "compute" and "raised" not in entry and ran != 1:
+                extra = (" all_gather_object runs two collectives (the sizes, then the data)."
+                         if "all_gather" in entry["collectives"] else "")
+                fail(f"compute() ran {ran} collectives on rank {r['rank']} ({which or 'none'}); it "
+                     "should run exactly one. Put the sum and the count in one float64 tensor and "
+                     f"all_reduce it once.{extra}")
+    for r in records:
+        values = [e.get("value") for e in r["log"] if e["op"] == "compute"]
+        for k, want in enumerate(expected[1:], start=1):
+            if want["truth"] == expected[k - 1]["truth"] and values[k - 1] != values[k] \
+                    and _close_mean(values[k - 1], want["truth"]):
+                fail(f"On rank {r['rank']}, compute() returned {values[k - 1]!r:.30} and then, with no "
+                     f"update in between, {values[k]!r:.30}. compute() must not change the metric: "
+                     "all_reduce a copy of [sum, count] (a new tensor), not the running state itself.")
+    _judge_computes(records, expected, "computed twice in a row, then after more updates")
+    passed(f"update() is local, compute() is one collective and changes nothing ({len(records)} ranks)")
+
+
+def distributed_mean_past_2_24(DistributedMean, plan: str = "large") -> None:
+    """More samples than float32 can count (2**24 = 16,777,216 and more, single samples among
+    them): the pooled mean is still exact."""
+    __tracebackhide__ = True
+    records, expected = _mean_records(DistributedMean, plan)
+    _judge_computes(records, expected, f"{expected[-1]['n']:,} samples in all", rel=EXACT)
+    passed(f"exact with {expected[-1]['n']:,} samples, past 2**24")
+
+
+def distributed_mean_no_samples(DistributedMean, plan: str = "empty") -> None:
+    """When no rank has a sample (nothing updated, or everything reset), compute() raises
+    ValueError on every rank, without hanging."""
+    __tracebackhide__ = True
+    records, expected = _mean_records(DistributedMean, plan)
+    _judge_computes(records, expected, "no sample on any rank")
+    passed(f"no sample anywhere: ValueError on every rank ({len(records)} ranks)")
+
+
+def distributed_mean_reset(DistributedMean, plan: str = "reset") -> None:
+    """reset() forgets every sample: the next compute() pools only what came after it."""
+    __tracebackhide__ = True
+    records, expected = _mean_records(DistributedMean, plan)
+    _judge_computes(records, expected, "after reset()")
+    passed(f"reset() starts a new window ({len(records)} ranks)")
