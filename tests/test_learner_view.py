@@ -23,35 +23,7 @@ from tests.conftest import RELEASED, rel
 
 MAX_LINES = 12
 
-# (notebook, first line of the cell) -> why the cell may be longer. Keep this short.
-# The graded test cells below predate the rule; the grading work is moving their harnesses into
-# helpers/grading so that each test cell is a few lines. An entry names the cell by its first
-# line, so a rewritten cell is no longer excepted: the rule then applies to it.
-_GRADED = "a graded test cell written before the rule, being shortened by the grading work"
-LONG_CELL_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ('notebooks/developer/06_exercises.ipynb',
-     '# The file holds the plain model\'s weights (keys without "module."), the optimizer\'s state and the step.'): _GRADED,
-    ('notebooks/developer/06_exercises.ipynb',
-     '# Every rank gets the saved weights and returns the saved step (each rank starts from different weights).'): _GRADED,
-    ('notebooks/developer/06_exercises.ipynb',
-     "# Every rank's optimizer gets the saved state back (momentum buffers, step counts), not a fresh one."): _GRADED,
-    ('notebooks/developer/06_exercises.ipynb',
-     '# With no checkpoint yet (a fresh run), every rank returns 0 and leaves its model as it was.'): _GRADED,
-    ('notebooks/developer/06_exercises.ipynb',
-     "# Every rank gets the same True/False, even when the ranks' own losses fall on both sides of the threshold."): _GRADED,
-    ('notebooks/developer/06_exercises.ipynb',
-     "# The decision uses the loss over all samples, sum(n * loss) / sum(n), not the plain mean of the ranks' losses."): _GRADED,
-    ('notebooks/researcher/06_exercises.ipynb',
-     '"""pooled_mean weights every group by its sample count (checked on uneven shards of 3 real ranks)."""'): _GRADED,
-    ('notebooks/researcher/06_exercises.ipynb',
-     '"""gather_unique drops the sampler\'s padding: 10 samples on 3 ranks (2 duplicates), then 13 shuffled on 4 (3 duplicates)."""'): _GRADED,
-    ('notebooks/researcher/06_exercises.ipynb',
-     '"""atomic_save writes a file torch.load can read back, and overwrites an existing one (each of 3 ranks in its own folder)."""'): _GRADED,
-    ('notebooks/researcher/06_exercises.ipynb',
-     '"""While rank 0 calls atomic_save with a slow write, ranks 1 and 2 load the path in a loop: no read may see a partial file."""'): _GRADED,
-    ('notebooks/researcher/06_exercises.ipynb',
-     '"""After several saves, the folder holds only the checkpoint itself: no temporary file is left behind."""'): _GRADED,
-}
+# No exceptions: every code cell a learner meets, graded test cells included, fits on a screen.
 
 # Phrases a learner must not meet: the computer the notebooks were developed on, the course's
 # CI, and the source document learners do not have.
@@ -87,8 +59,7 @@ def test_code_cells_fit_on_a_screen(path):
         if cell.cell_type != "code" or _lines(cell.source) <= MAX_LINES:
             continue
         first = cell.source.strip().splitlines()[0]
-        if (rel(path), first) not in LONG_CELL_EXCEPTIONS:
-            long.append(f"cell {i} ({_lines(cell.source)} lines): {first[:60]}")
+        long.append(f"cell {i} ({_lines(cell.source)} lines): {first[:60]}")
     assert not long, (f"{rel(path)}: code cells over {MAX_LINES} lines (split them, or move plumbing "
                       "into a helper):\n  " + "\n  ".join(long))
 
