@@ -19,8 +19,8 @@ from tests.nbgrade import reference_answers
 
 SUITES = ["beginner", "developer", "researcher"]
 
-# The lessons' live mistakes: notebook -> {(code, the flagged line, stripped)}. Every finding in these
-# notebooks is one of these (nothing else in them is flagged), and each of these is found.
+# The lessons' live mistakes: notebook -> {(code, the flagged line, stripped)}. Every lesson is checked:
+# each of these is found, and nothing else is flagged (a lesson not listed here has no finding).
 DEMOS = {
     "start/00_start_here.ipynb": {("ORK101", "dist.barrier()          # the other ranks never call this")},
     "beginner/01_one_rank_writes.ipynb": {
@@ -28,6 +28,9 @@ DEMOS = {
         ("ORK102", 'with open(f"{folder}/sign_in.txt", "a") as sheet:'),
         ("ORK102", 'with open(path, "a") as report:         # every clerk adds to the same file'),
         ("ORK104", 'print(f"my loss on my {len(mine)} examples: {loss:.2f}")'),
+    },
+    "beginner/02_every_clerk_talks.ipynb": {
+        ("ORK101", "dist.all_reduce(totals)                           # ...so clerk 0 waits for pairs that never come"),
     },
     "developer/01_save_log_resume.ipynb": {
         ("ORK106", "torch.save(ddp.state_dict(), wrapped_path)            # the wrapper's keys"),
@@ -41,6 +44,9 @@ DEMOS = {
         ("ORK104", 'print(f"step 1: loss {loss.item():.4f}")   # what the dashboard shows'),
     },
     "developer/03_sharded_checkpoints.ipynb": {("ORK101", None)},
+    "developer/04_logging_from_one_rank.ipynb": {
+        ("ORK104", 'print(f"step {step}: loss {loss.item():.4f}")'),
+    },
     "researcher/03_barriers_and_files.ipynb": {
         ("ORK101", "dist.barrier()"),
         ("ORK101", "dist.all_reduce(torch.ones(3))"),
@@ -49,10 +55,13 @@ DEMOS = {
 
 # Wrong answers of the suites that are the linter's mistakes: (depth, constant) -> codes. The others
 # are mistakes no linter can see in the answer alone (a missing optimizer load, an unweighted mean,
-# a barrier-free save whose read happens in the grader, a copy instead of a rename): no finding.
+# a barrier-free save whose read happens in the grader, a copy instead of a rename), or need a whole
+# distributed script (ORK102/104 apply to a file that starts a process group; an answer is one
+# function, so every rank writing its own temporary file or printing its own loss is not flagged there).
 WRONG = {
     ("beginner", "SAVE_EVERY_WORKER"): {"ORK102"},
     ("beginner", "SAVE_BARRIER_ONLY_RANK0"): {"ORK101"},
+    ("beginner", "REPORT_COMBINE_ON_RANK0"): {"ORK101"},
     ("developer", "SAVE_EVERY_RANK"): {"ORK102"},
     ("developer", "SAVE_BARRIER_ONLY_RANK0"): {"ORK101"},
     ("developer", "SAVE_MODULE_KEYS"): {"ORK106"},
@@ -66,30 +75,50 @@ def notebook_lines(path: Path) -> dict[int, list[str]]:
     return {i: "".join(c["source"]).splitlines() for i, c in enumerate(cells, start=1)}
 
 
-@pytest.mark.parametrize("notebook", sorted(DEMOS))
+LESSONS = sorted(p.relative_to(ROOT / "solutions").as_posix() for p in (ROOT / "solutions").glob("*/*.ipynb")
+                 if "exercises" not in p.name)
+
+
+def test_every_listed_lesson_exists():
+    assert set(DEMOS) <= set(LESSONS)
+
+
+@pytest.mark.parametrize("notebook", LESSONS)
 def test_each_lesson_mistake_is_flagged_and_nothing_else(notebook):
     path = ROOT / "solutions" / notebook
     report = lint_file(path)
     assert report.errors == []
     lines = notebook_lines(path)
     got = {(f.code, lines[f.cell][f.line - 1].strip()) for f in report.findings}
-    want = DEMOS[notebook]
+    want = DEMOS.get(notebook, set())
     if any(text is None for _, text in want):        # only the codes are pinned
         got = {(code, None) for code, _ in got}
     assert got == want
 
 
-def suite_answers():
-    """(depth, constant name, source, correct?) for every answer string of the wrong-answer suites."""
-    out = []
+def _suites():
+    """(depth, module, students, lost) for every wrong-answer suite of tests/."""
     for depth in SUITES:
         mod = importlib.import_module(f"tests.test_{depth}_grading")
+        yield depth, mod, mod.STUDENTS, mod.EXPECTED_LOST
+    mod = importlib.import_module("tests.test_checkpointing_exercise_grading")
+    yield "developer", mod, mod.STUDENTS, mod.EXPECTED_LOST
+    mod = importlib.import_module("tests.test_logging_exercises_grading")
+    for depth, (students, lost, *_) in mod.SUITES.items():
+        yield depth, mod, students, lost
+
+
+def suite_answers():
+    """(depth, name, source, correct?) for every answer of the wrong-answer suites: the name is the
+    answer's constant in its suite, or student:grade_id for an answer built by a function."""
+    out = []
+    for depth, mod, students, lost in _suites():
         names = {id(v): k for k, v in vars(mod).items() if isinstance(v, str) and k.isupper()}
-        for student, spec in mod.STUDENTS.items():
-            for src in (spec or {}).values():
-                if src is None or id(src) not in names:
+        for student, spec in students.items():
+            for gid, src in (spec or {}).items():
+                if src is None:
                     continue
-                out.append((depth, names[id(src)], src, not mod.EXPECTED_LOST[student]))
+                out.append((depth, names.get(id(src), f"{student}:{gid}"), src, not lost[student]))
     return sorted(set(out))
 
 

@@ -444,6 +444,33 @@ CASES = {
             b = torch.load(path, device)
             c = torch.load(path, map_location=lambda s, _: s)
         """,
+    "ok 102 a writer built in a conditional expression on the rank": """
+        from torch.utils.tensorboard import SummaryWriter
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        writer = SummaryWriter("runs/exp") if rank == 0 else None
+        other = None if dist.get_rank() != 0 else SummaryWriter("runs/b")
+        """,
+    "102 a conditional expression that writes on every rank anyway": """
+        from torch.utils.tensorboard import SummaryWriter
+        dist.init_process_group("gloo")
+        verbose = True
+        writer = SummaryWriter("runs/exp") if verbose else SummaryWriter("runs/quiet")  # expect: ORK102
+        """,
+    "101 a barrier in a conditional expression on the rank": """
+        def sync(rank):
+            return dist.barrier() if rank == 0 else None  # expect: ORK101
+        """,
+    "ok 104 a DEBUG record of this rank's own loss (a per-rank diagnostic)": """
+        import logging
+        dist.init_process_group("gloo")
+        log = logging.getLogger("train")
+        def train(model, opt, x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            log.debug("my loss %.4f", loss.item())
+        """,
     "ok 107 not a distributed script": """
         def load(path):
             return torch.load(path)

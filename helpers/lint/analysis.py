@@ -772,13 +772,33 @@ class Walk:
         self.walk(scope.body, False)
 
     def record(self, node, uncertain):
+        skipped, undecided = self._conditional_calls(node)
         for call in calls_in(node):
-            self.reached[id(call)] = uncertain
+            if id(call) in skipped:
+                continue
+            self.reached[id(call)] = uncertain or id(call) in undecided
             c = self.facts.collective(call, self.scope)
             inner = None if c else self.facts.inner_collective(call, self.scope)
             if c or inner:
                 self.tokens.append(("C:" + (c or "fn:" + text(call.func)), call))
-            self.events.append(Event("call", call, uncertain))
+            self.events.append(Event("call", call, uncertain or id(call) in undecided))
+
+    def _conditional_calls(self, node) -> tuple[set[int], set[int]]:
+        """Calls inside a conditional expression on the rank (``SummaryWriter(d) if rank == 0 else
+        None``): those of the branch this side does not take, and those of a branch it may take."""
+        skipped: set[int] = set()
+        undecided: set[int] = set()
+        for e in ast.walk(node):
+            if not isinstance(e, ast.IfExp):
+                continue
+            dep, value = self.prog.condition(e.test, self.scope, self.side)
+            if not dep or value is SAME:
+                continue
+            if value is None:
+                undecided |= {id(c) for c in calls_in(e.body) + calls_in(e.orelse)}
+            else:
+                skipped |= {id(c) for c in calls_in(e.orelse if value else e.body)}
+        return skipped, undecided
 
     def mark(self, s):
         self.tokens.append((s, None))
@@ -1185,6 +1205,8 @@ class Analysis:
 
     def _sink(self, call, s) -> bool:
         q = self.prog.qualname(call.func) or ""
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "debug":
+            return False     # a DEBUG record is a per-rank diagnostic (each rank's own file), not a report
         if q == "print" or q.startswith("logging.") or q in ("wandb.log", "mlflow.log_metric",
                                                              "mlflow.log_metrics"):
             return True
