@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Limits", "probe", "command", "UNPRIVILEGED"]

@@ -101,25 +101,60 @@ def _repository_stays_clean():
     assert not new, f"tests wrote into the repository: {sorted(new)}"
 
 
-# Test modules whose tests share an expensive module-scoped fixture (an autograde of many
-# students, a JupyterLab server) must run on one xdist worker each, so that the fixture runs
-# once. xdist's `loadgroup` does not group them with the pinned versions
-# (pytest-dev/pytest-xdist#1386), so the course schedules by scope itself: a module is one
-# unit of work, except the modules listed here, whose tests are spread one by one over every
-# worker (notebook runs share nothing; each worker that gets browser tests starts its own Lab
-# and Chromium once, a few seconds, since those fixtures are session-scoped).
+# Test modules whose tests share an expensive fixture (an autograde of many students, a
+# JupyterLab server) must run on one xdist worker each, so that the fixture runs once. xdist's
+# `loadgroup` does not group them with the pinned versions (pytest-dev/pytest-xdist#1386), so the
+# course schedules by scope itself: a module is one unit of work, except
+# - the wrong-answer suites of one depth, which share that depth's autograde run
+#   (tests/grading_runs.py): one unit per depth;
+# - the modules listed here, whose tests are spread one by one over every worker (notebook runs
+#   share nothing; each worker that gets browser tests starts its own Lab and Chromium once, a few
+#   seconds, since those fixtures are session-scoped).
 _SPREAD_MODULES = {"test_notebooks.py", "test_browser.py"}
+
+# The longest units first, so that no long unit starts last while the other workers are idle
+# (collection order is the order units are handed out; xdist's own reorder counts tests, not time).
+_FIRST = ["grading:developer", "grading:beginner", "grading:researcher", "test_grading_flow.py",
+          "test_grading_attacks.py", "test_grading_robustness.py", "test_grading_learner.py",
+          "test_browser.py", "test_notebooks.py"]
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work a test belongs to (see above)."""
+    from tests.grading_runs import SUITES
+
+    module = nodeid.split("::", 1)[0]
+    name = module.rsplit("/", 1)[-1]
+    if name in _SPREAD_MODULES:
+        return nodeid
+    depths = [d for d, mods in SUITES.items() if "tests." + name.removesuffix(".py") in mods]
+    if len(depths) == 1:
+        return f"grading:{depths[0]}"
+    if depths:            # a suite of every depth: its tests are parametrized by depth first
+        param = nodeid.partition("[")[2]
+        depth = next((d for d in depths if param.startswith(d)), None)
+        assert depth, f"{nodeid}: a suite of several depths must be parametrized by depth first"
+        return f"grading:{depth}"
+    return module
+
+
+def _rank(unit: str) -> int:
+    name = unit.split("::", 1)[0].rsplit("/", 1)[-1]
+    return _FIRST.index(name) if name in _FIRST else _FIRST.index(unit) if unit in _FIRST else len(_FIRST)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: _rank(_unit(item.nodeid)))      # stable: file order within a rank
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class ModuleScheduling(LoadScopeScheduling):
-        """One unit per module; in a spread module, one unit per test."""
+    config.option.loadscopereorder = False      # keep the order above
 
+    class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return nodeid if module.rsplit("/", 1)[-1] in _SPREAD_MODULES else module
+            return _unit(nodeid)
 
-    return ModuleScheduling(config, log)
+    return UnitScheduling(config, log)

@@ -1,13 +1,17 @@
 """The beginner exercises under real `nbgrader autograde`: reference and alternative correct
 answers get full marks; each listed mistake loses exactly the points of the test that covers it,
-with feedback that names the mistake; an empty notebook scores nothing."""
+with feedback that names the mistake; an empty notebook scores nothing.
+
+One autograde run per depth grades these students together with the depth's other wrong-answer suites
+(tests/grading_runs.py): each suite writes its own exercises' answers and compares only its own tests."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.conftest import ROOT
-from tests.nbgrade import autograde, cell_output
+from tests.grading_runs import SuiteView
+from tests.nbgrade import cell_output
 
 EXERCISES = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
 
@@ -142,9 +146,13 @@ FEEDBACK = {
 }
 
 
+def submissions(depth: str = "beginner") -> dict:
+    return STUDENTS
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    return autograde(EXERCISES, STUDENTS, tmp_path_factory.mktemp("beginner-grading"))
+    return SuiteView("tests.test_beginner_grading", "beginner", tmp_path_factory)
 
 
 @pytest.mark.grading
@@ -165,6 +173,6 @@ def test_each_answer_loses_exactly_the_right_points(graded, student):
 @pytest.mark.grading
 @pytest.mark.parametrize("student,grade_id", list(FEEDBACK), ids=lambda x: str(x))
 def test_feedback_names_the_mistake(graded, student, grade_id):
-    nb = graded.course / "autograded" / student / "beginner" / EXERCISES.name
+    nb = graded.notebook(student)
     text = cell_output(nb, grade_id)
     assert FEEDBACK[student, grade_id] in text, text[-1500:]

@@ -2,8 +2,8 @@
 correct answers in other styles get full marks; each mistake the issue lists loses the points of the
 tests that catch it, with feedback that names the mistake.
 
-One autograde run grades every student; the other exercises of the notebook stay as released stubs
-(they fail at once) and are not looked at here.
+One autograde run per depth grades these students together with the depth's other wrong-answer suites
+(tests/grading_runs.py): each suite writes its own exercises' answers and compares only its own tests.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ROOT
-from tests.nbgrade import autograde, cell_output
+from tests.grading_runs import SuiteView
+from tests.nbgrade import cell_output
 
 EXERCISES = ROOT / "solutions" / "developer" / "06_exercises.ipynb"
 
@@ -174,9 +175,13 @@ FEEDBACK = {
 }
 
 
+def submissions(depth: str = "developer") -> dict:
+    return STUDENTS
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    return autograde(EXERCISES, STUDENTS, tmp_path_factory.mktemp("save-rotating-grading"))
+    return SuiteView("tests.test_checkpointing_exercise_grading", "developer", tmp_path_factory)
 
 
 def _mine(grade_ids) -> set[str]:
@@ -201,6 +206,6 @@ def test_each_answer_loses_exactly_the_right_points(graded, student):
 @pytest.mark.grading
 @pytest.mark.parametrize("student,grade_id", list(FEEDBACK), ids=lambda x: str(x))
 def test_feedback_names_the_mistake(graded, student, grade_id):
-    nb = graded.course / "autograded" / student / "developer" / EXERCISES.name
+    nb = graded.notebook(student)
     text = cell_output(nb, grade_id)
     assert FEEDBACK[student, grade_id] in text, text[-1500:]

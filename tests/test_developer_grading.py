@@ -2,8 +2,8 @@
 correct answers in other styles get full marks; each mistake listed in the issue loses exactly the
 points of the tests that cover it, with feedback that names the mistake.
 
-One autograde call grades every student (one notebook execution each); wrong answers for different
-functions share a student.
+Wrong answers for different functions share a student. One autograde run per depth grades these students together with the depth's other wrong-answer suites
+(tests/grading_runs.py): each suite writes its own exercises' answers and compares only its own tests.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ROOT
-from tests.nbgrade import autograde, cell_output
+from tests.grading_runs import SuiteView
+from tests.nbgrade import cell_output
 
 EXERCISES = ROOT / "solutions" / "developer" / "06_exercises.ipynb"
 
@@ -217,10 +218,13 @@ def answers(student: str) -> dict[str, str] | None:
     return {gid: (src if src is not None else reference[gid]) for gid, src in spec.items()}
 
 
+def submissions(depth: str = "developer") -> dict:
+    return {s: answers(s) for s in STUDENTS}
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    return autograde(EXERCISES, {s: answers(s) for s in STUDENTS},
-                     tmp_path_factory.mktemp("developer-grading"))
+    return SuiteView("tests.test_developer_grading", "developer", tmp_path_factory)
 
 
 @pytest.mark.grading
@@ -243,7 +247,7 @@ def test_each_answer_loses_exactly_the_right_points(graded, student):
 @pytest.mark.grading
 @pytest.mark.parametrize("student,grade_id", list(FEEDBACK), ids=lambda x: str(x))
 def test_feedback_names_the_mistake(graded, student, grade_id):
-    nb = graded.course / "autograded" / student / "developer" / EXERCISES.name
+    nb = graded.notebook(student)
     text = cell_output(nb, grade_id)
     assert FEEDBACK[student, grade_id] in text, text[-1500:]
 
@@ -251,7 +255,7 @@ def test_feedback_names_the_mistake(graded, student, grade_id):
 @pytest.mark.grading
 def test_a_hanging_answer_is_waited_for_once(graded):
     """The rank-0-only barrier hangs in the first save test; the later save tests fail at once."""
-    nb = graded.course / "autograded" / "barrier_only_rank0_loads_nothing" / "developer" / EXERCISES.name
+    nb = graded.notebook("barrier_only_rank0_loads_nothing")
     assert "Rank 0 was stuck at `dist.barrier()`" in cell_output(nb, CONTENTS)
     for later in (WAITS, ONE_WRITER):
         assert "Not run again" in cell_output(nb, later)

@@ -11,7 +11,6 @@ import matplotlib
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from helpers.grading import developer as ex
 from helpers.lessons.developer import pretend_saved_on, run_script

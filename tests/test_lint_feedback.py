@@ -7,12 +7,10 @@ import nbformat
 import pytest
 
 from helpers.lint.feedback import HEADER, lint_feedback
-from tests.conftest import ROOT
-from tests.nbgrade import autograde, cell_output
-from tests.test_beginner_grading import (ONLY_RANK0, SAVE_EVERY_WORKER, SAVE_NO_BARRIER, WAITS,
-                                         SAME)
-
-EXERCISES = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
+from tests.grading_runs import SuiteView
+from tests.nbgrade import cell_output
+from tests.test_beginner_grading import (ONLY_RANK0, SAME, SAVE_EVERY_WORKER, SAVE_NO_BARRIER, STUDENTS,
+                                         WAITS)
 
 
 def graded_cell(source, failed=True, **meta):
@@ -41,16 +39,29 @@ def test_only_a_failed_test_of_a_flagged_answer_gets_findings():
     assert lint_feedback(nb, answer_cell(SAVE_EVERY_WORKER)) is None               # not a test
 
 
+def submissions(depth: str = "beginner") -> dict:
+    """No students of its own: the beginner suite's are read from the depth's shared autograde run
+    (tests/grading_runs.py), with the course's real feedback hook."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return SuiteView("tests.test_beginner_grading", "beginner", tmp_path_factory)
+
+
+def _student(save_once: str) -> str:
+    return next(s for s, answers in STUDENTS.items() if answers and answers.get("save_once") == save_once)
+
+
 @pytest.mark.grading
-def test_autograde_feedback_adds_the_findings(tmp_path):
-    graded = autograde(EXERCISES, {"every_writer": {"save_once": SAVE_EVERY_WORKER},
-                                   "no_barrier": {"save_once": SAVE_NO_BARRIER}}, tmp_path, timeout=900)
-    assert ONLY_RANK0 in graded.lost("every_writer")          # scores are the grader's, unchanged
-    every = graded.course / "autograded" / "every_writer" / "beginner" / EXERCISES.name
+def test_autograde_feedback_adds_the_findings(graded):
+    every_writer, no_barrier = _student(SAVE_EVERY_WORKER), _student(SAVE_NO_BARRIER)
+    assert ONLY_RANK0 in graded.lost(every_writer)            # scores are the grader's, unchanged
+    every = graded.notebook(every_writer)
     text = cell_output(every, ONLY_RANK0)
     assert "Only worker 0 should write" in text               # the grader's own feedback stays
     assert f"{HEADER} (save_once):" in text and "ORK102 torch.save runs on every rank" in text
     assert HEADER not in cell_output(every, SAME)             # a passing test: nothing added
-    no_barrier = graded.course / "autograded" / "no_barrier" / "beginner" / EXERCISES.name
-    assert WAITS in graded.lost("no_barrier")
-    assert HEADER not in cell_output(no_barrier, WAITS)       # failed, but the linter finds nothing
+    assert WAITS in graded.lost(no_barrier)
+    assert HEADER not in cell_output(graded.notebook(no_barrier), WAITS)   # failed, but the linter finds nothing

@@ -1,22 +1,17 @@
-"""The logging exercises (issue 11 §4) under real `nbgrader autograde`, one run per exercises notebook
-with every student of that notebook: the reference solutions and answers in other correct styles get
+"""The logging exercises (issue 11 §4) under real `nbgrader autograde`: the reference solutions and answers in other correct styles get
 full marks; each mistake the issue lists loses exactly the points of the tests that cover it, with
 feedback that names it; the released stubs score nothing.
 
-Only the logging exercises' answers are filled in: the other exercises of each notebook keep their
-stubs, which fail at once, and their tests are left out of every comparison here.
+One autograde run per depth grades these students together with the depth's other wrong-answer suites
+(tests/grading_runs.py): each suite writes its own exercises' answers and compares only its own tests.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.nbgrade import autograde, cell_output, reference_answers
-
-NOTEBOOKS = {"beginner": ROOT / "solutions" / "beginner" / "03_exercises.ipynb",
-             "developer": ROOT / "solutions" / "developer" / "06_exercises.ipynb",
-             "researcher": ROOT / "solutions" / "researcher" / "06_exercises.ipynb"}
+from tests.grading_runs import NOTEBOOKS, SuiteView
+from tests.nbgrade import cell_output, reference_answers
 
 # ----------------------------------------------------------------------------- beginner
 
@@ -440,26 +435,17 @@ SUITES = {
 }
 
 
-def _submissions(depth: str) -> dict:
+def submissions(depth: str) -> dict:
     """Each student's answers: the logging exercises only (None: that answer's reference)."""
     reference = reference_answers(NOTEBOOKS[depth])
     return {student: {gid: reference[gid] if src is None else src for gid, src in answers.items()}
             for student, answers in SUITES[depth][0].items()}
 
 
-_GRADED: dict = {}
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """One autograde run per notebook, every student at once; run the first time a depth is asked."""
-    def get(depth):
-        if depth not in _GRADED:
-            _GRADED[depth] = autograde(NOTEBOOKS[depth], _submissions(depth),
-                                       tmp_path_factory.mktemp(f"logging-{depth}"))
-        return _GRADED[depth]
-    yield get
-    _GRADED.clear()
+    """Each depth's shared autograde run (tests/grading_runs.py), graded the first time it is asked."""
+    return lambda depth: SuiteView("tests.test_logging_exercises_grading", depth, tmp_path_factory)
 
 
 CASES = [(depth, student) for depth, suite in SUITES.items() for student in suite[0]]
@@ -486,6 +472,5 @@ def test_each_answer_loses_exactly_the_right_points(graded, depth, student):
 @pytest.mark.parametrize("depth,student,grade_id", FEEDBACK, ids=[f"{d}-{s}-{g}" for d, s, g in FEEDBACK])
 def test_feedback_names_the_mistake(graded, depth, student, grade_id):
     result = graded(depth)
-    nb = result.course / "autograded" / student / depth / NOTEBOOKS[depth].name
-    text = cell_output(nb, grade_id)
+    text = cell_output(result.notebook(student), grade_id)
     assert SUITES[depth][2][student, grade_id] in text, text[-1500:]

@@ -1,7 +1,8 @@
 """The researcher exercises under real `nbgrader autograde`: right answers in any style get full
 marks, each listed mistake loses exactly the points of the tests that check for it.
 
-One autograde run grades every student below (one notebook execution each).
+One autograde run per depth grades these students together with the depth's other wrong-answer suites
+(tests/grading_runs.py): each suite writes its own exercises' answers and compares only its own tests.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import nbformat
 import pytest
 
 from tests.conftest import ROOT
-from tests.nbgrade import autograde
+from tests.grading_runs import SuiteView
 
 SOURCE = ROOT / "solutions" / "researcher" / "06_exercises.ipynb"
 
@@ -202,8 +203,7 @@ FEEDBACK = {  # student -> phrases its autograded notebook must show (what went 
 }
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def submissions(depth: str = "researcher") -> dict:
     from tests.nbgrade import reference_answers
 
     reference = reference_answers(SOURCE)
@@ -215,11 +215,16 @@ def graded(tmp_path_factory):
             filled = {k: reference[k] for k in _REFERENCE_FILL if k not in answers}
             filled.update(answers)
             subs[student] = filled
-    return autograde(SOURCE, subs, tmp_path_factory.mktemp("researcher"))
+    return subs
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return SuiteView("tests.test_researcher_grading", "researcher", tmp_path_factory)
 
 
 def _outputs(graded, student) -> str:
-    nb = nbformat.read(graded.course / "autograded" / student / "researcher" / SOURCE.name, as_version=4)
+    nb = nbformat.read(graded.notebook(student), as_version=4)
     text = []
     for cell in nb.cells:
         for out in cell.get("outputs", []):

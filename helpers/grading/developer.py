@@ -434,29 +434,16 @@ def _watched_writes(log: list, on_half=None, slow: tuple | None = None, fail_wri
     in flushed pieces, ``on_half(path)`` is called when half of them are on disk, and with
     ``fail_write`` the write then raises ``OSError(ENOSPC)`` as a full disk would."""
     import errno
-    import io
 
-    import torch.serialization as ser
+    from helpers.lessons.races import BufferedSave, hook_torch_save, write_slowly
 
-    from helpers.lessons.races import write_slowly
-
-    original = ser._open_zipfile_writer
-
-    class Watched:
-        def __init__(self, target):
-            self.target, self.path = target, _target_path(target)
+    class Watched(BufferedSave):
+        def __init__(self, target, original):
+            super().__init__(target, original)
+            self.path = _target_path(target)
             log.append(self.path)
-            self.buffer = io.BytesIO()
-            self.inner = original(self.buffer)
 
-        def __enter__(self):
-            return self.inner.__enter__()
-
-        def __exit__(self, *exc):
-            self.inner.__exit__(*exc)
-            if exc[0] is not None:
-                return False
-            data = self.buffer.getvalue()
+        def publish(self, data: bytes) -> None:
             half = len(data) // 2
             chunks, pause = slow or (2, 0.0)
             out = self.target if hasattr(self.target, "write") else open(self.path, "wb")
@@ -470,18 +457,9 @@ def _watched_writes(log: list, on_half=None, slow: tuple | None = None, fail_wri
             finally:
                 if out is not self.target:
                     out.close()
-            return False
 
-    def opener(target):
-        if isinstance(target, io.BytesIO):
-            return original(target)
-        return Watched(target)
-
-    ser._open_zipfile_writer = opener
-    try:
+    with hook_torch_save(Watched):
         yield log
-    finally:
-        ser._open_zipfile_writer = original
 
 
 @contextlib.contextmanager

@@ -142,30 +142,18 @@ def sigkill_mid_write(fraction: float = 0.5) -> Iterator[None]:
     killer or a node failure stops a job. A real kill lands at a random moment; this one lands
     in the middle of the write on every run, the moment that matters.
 
-    The hook is ``torch.serialization._open_zipfile_writer``, which ``torch.save`` looks up at
-    every call (to a path or to an open file). Saves into memory (``io.BytesIO``) are left alone.
+    Every ``torch.save`` to a path or an open file is caught, however it was imported
+    (:func:`helpers.lessons.races.hook_torch_save`); saves into memory are left alone.
     """
     import signal
 
-    import torch.serialization as ser
+    from helpers.lessons.races import BufferedSave, hook_torch_save
 
     if not 0 < fraction < 1:
         raise ValueError(f"fraction must be between 0 and 1 (a part of the file), got {fraction}")
-    original = ser._open_zipfile_writer
 
-    class DiesMidway:
-        def __init__(self, target):
-            self.target, self.buffer = target, io.BytesIO()
-            self.inner = ser._open_zipfile_writer_buffer(self.buffer)
-
-        def __enter__(self):
-            return self.inner.__enter__()
-
-        def __exit__(self, *exc):
-            self.inner.__exit__(*exc)
-            if exc[0] is not None:
-                return
-            data = self.buffer.getvalue()
+    class DiesMidway(BufferedSave):
+        def publish(self, data: bytes) -> None:
             part = data[:int(len(data) * fraction)]
             if isinstance(self.target, (str, os.PathLike)):
                 with open(self.target, "wb") as f:
@@ -176,16 +164,8 @@ def sigkill_mid_write(fraction: float = 0.5) -> Iterator[None]:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def opener(target):
-        if isinstance(target, io.BytesIO):
-            return original(target)
-        return DiesMidway(target)
-
-    ser._open_zipfile_writer = opener
-    try:
+    with hook_torch_save(DiesMidway):
         yield
-    finally:
-        ser._open_zipfile_writer = original
 
 
 def folder(path: str) -> list[str]:

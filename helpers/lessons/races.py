@@ -20,7 +20,8 @@ import time
 import zipfile
 from typing import Any, Iterator
 
-__all__ = ["slow_save", "slow_torch_save", "watch_saves", "write_slowly", "try_load", "LoadOutcome"]
+__all__ = ["slow_save", "slow_torch_save", "watch_saves", "hook_torch_save", "BufferedSave", "write_slowly",
+           "try_load", "LoadOutcome"]
 
 DEFAULT_CHUNKS = 8
 DEFAULT_PAUSE = 0.05  # seconds between chunks: 8 chunks -> the write takes about 0.4 s
@@ -61,6 +62,86 @@ def slow_save(obj: Any, f, chunks: int = DEFAULT_CHUNKS, pause: float = DEFAULT_
     write_slowly(buf.getvalue(), f, chunks, pause)
 
 
+class BufferedSave:
+    """The writer ``torch.save`` gets inside :func:`hook_torch_save` for a file: the checkpoint is
+    serialised into memory, and when the save has not failed, :meth:`publish` puts its bytes in
+    the target (a path or an open file) its own way: slowly, half and then a full disk, half and
+    then a ``SIGKILL``."""
+
+    def __init__(self, target, original):
+        self.target = target
+        self.buffer = io.BytesIO()
+        self.inner = original(self.buffer)
+
+    def __enter__(self):
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        self.inner.__exit__(*exc)
+        if exc[0] is None:
+            self.publish(self.buffer.getvalue())
+        return False
+
+    def publish(self, data: bytes) -> None:
+        raise NotImplementedError
+
+
+@contextlib.contextmanager
+def hook_torch_save(writer) -> Iterator[None]:
+    """Inside this block, ``writer(target, original)`` makes the writer of every ``torch.save`` to
+    a path or an open file (a :class:`BufferedSave`, or ``original(target)`` wrapped); saves into
+    an ``io.BytesIO`` are left alone.
+
+    The hook is ``torch.serialization._open_zipfile_writer``, which ``torch.save`` looks up at
+    every call: it sees every save however ``torch.save`` was imported (``from torch import
+    save`` included), to a path or to an open file. The one hook of the lessons and the grader.
+    """
+    import torch.serialization as ser
+
+    original = ser._open_zipfile_writer
+
+    def opener(target):
+        if isinstance(target, io.BytesIO):
+            return original(target)
+        return writer(target, original)
+
+    ser._open_zipfile_writer = opener
+    try:
+        yield
+    finally:
+        ser._open_zipfile_writer = original
+
+
+class _Timed:
+    """A real ``torch.save`` write, with the time its last byte was written noted in ``entry``."""
+
+    def __init__(self, inner, entry: dict):
+        self.inner, self.entry = inner, entry
+
+    def __enter__(self):
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        self.inner.__exit__(*exc)
+        self.entry["end"] = time.time()
+        return False
+
+
+class _SlowSave(BufferedSave):
+    def __init__(self, target, original, entry: dict, chunks: int, pause: float):
+        super().__init__(target, original)
+        self.entry, self.chunks, self.pause = entry, chunks, pause
+
+    def publish(self, data: bytes) -> None:
+        write_slowly(data, self.target, self.chunks, self.pause)
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self.entry["end"] = time.time()
+
+
 @contextlib.contextmanager
 def watch_saves(log: list | None = None, chunks: int | None = None,
                 pause: float = DEFAULT_PAUSE) -> Iterator[list]:
@@ -69,48 +150,22 @@ def watch_saves(log: list | None = None, chunks: int | None = None,
     Each save is appended to ``log`` as ``{"target", "start", "end"}`` (``time.time()`` when it
     began and when its last byte was written). With ``chunks``, its bytes are written in that
     many flushed pieces ``pause`` seconds apart (:func:`write_slowly`), so that a reader that
-    does not wait finds the file missing or half-written. Saves into an ``io.BytesIO`` are
-    neither logged nor slowed.
-
-    The hook is ``torch.serialization._open_zipfile_writer``, which ``torch.save`` looks up at
-    every call: it sees every save however ``torch.save`` was imported (``from torch import
-    save`` included), to a path or to an open file. One hook for the lessons and the grader.
+    does not wait finds the file missing or half-written; without, the save writes at its own
+    speed. Saves into an ``io.BytesIO`` are neither logged nor slowed (:func:`hook_torch_save`).
     """
-    import torch.serialization as ser
-
     log = [] if log is None else log
-    original = ser._open_zipfile_writer
 
-    class Watched:
-        def __init__(self, target):
-            self.target = target
-            self.entry = {"target": os.fspath(target) if isinstance(target, (str, os.PathLike))
-                          else str(getattr(target, "name", type(target).__name__)),
-                          "start": time.time(), "end": None}
-            log.append(self.entry)
-            self.buffer = io.BytesIO() if chunks else None
-            self.inner = original(self.buffer if chunks else target)
+    def writer(target, original):
+        name = (os.fspath(target) if isinstance(target, (str, os.PathLike))
+                else str(getattr(target, "name", type(target).__name__)))
+        entry = {"target": name, "start": time.time(), "end": None}
+        log.append(entry)
+        if chunks:
+            return _SlowSave(target, original, entry, chunks, pause)
+        return _Timed(original(target), entry)
 
-        def __enter__(self):
-            return self.inner.__enter__()
-
-        def __exit__(self, *exc):
-            self.inner.__exit__(*exc)
-            if exc[0] is None and chunks:
-                write_slowly(self.buffer.getvalue(), self.target, chunks, pause)
-            self.entry["end"] = time.time()
-            return False
-
-    def opener(target):
-        if isinstance(target, io.BytesIO):
-            return original(target)
-        return Watched(target)
-
-    ser._open_zipfile_writer = opener
-    try:
+    with hook_torch_save(writer):
         yield log
-    finally:
-        ser._open_zipfile_writer = original
 
 
 def slow_torch_save(chunks: int = DEFAULT_CHUNKS, pause: float = DEFAULT_PAUSE):
