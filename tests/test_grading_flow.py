@@ -18,13 +18,27 @@ from tests.nbgrade import fill, reference_answers
 pytestmark = pytest.mark.grading
 
 COURSE_ID = "one-rank"
-EXERCISE_DEPTHS = sorted(p.name for p in (ROOT / "solutions").iterdir()
-                         if p.is_dir() and graded_notebooks(p))
+GRADED_DEPTHS = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and graded_notebooks(p))
+# The exchange steps are the same for every depth, so the flow goes through one (the beginner
+# exercises, the quickest to grade). Every depth's reference answers are graded full marks by its
+# wrong-answer suites' shared autograde run (tests/grading_runs.py, its first student) and by
+# `make bench`, which grades a whole submission of every depth.
+EXERCISE_DEPTHS = ["beginner"]
 GRADED_SOURCES = [nb for d in EXERCISE_DEPTHS for nb in graded_notebooks(ROOT / "solutions" / d)]
 
 
 def test_there_are_exercises_to_grade():
-    assert "beginner" in EXERCISE_DEPTHS and GRADED_SOURCES
+    assert set(EXERCISE_DEPTHS) <= set(GRADED_DEPTHS) and GRADED_SOURCES
+    assert set(GRADED_DEPTHS) == {"beginner", "developer", "researcher"}
+
+
+def test_every_depths_first_shared_student_is_the_reference():
+    """What the flow leaves to the shared runs: their first submission holds every reference answer."""
+    from tests.grading_runs import NOTEBOOKS, merged
+
+    for depth in GRADED_DEPTHS:
+        submissions, _ = merged(depth)
+        assert next(iter(submissions.values())) == reference_answers(NOTEBOOKS[depth]), depth
 
 
 # ----------------------------------------------------------------------------- the instructor flow

@@ -474,3 +474,13 @@ def test_feedback_names_the_mistake(graded, depth, student, grade_id):
     result = graded(depth)
     text = cell_output(result.notebook(student), grade_id)
     assert SUITES[depth][2][student, grade_id] in text, text[-1500:]
+
+
+@pytest.mark.grading
+@pytest.mark.parametrize("depth", list(SUITES))
+def test_the_shared_runs_first_submission_scores_full_marks_on_every_test(graded, depth):
+    """Every depth's shared run starts with a submission of every reference answer (each suite's
+    first student): it earns every point of the notebook, the tests of every suite together."""
+    run = graded(depth).run
+    first = next(iter(run.scores))
+    assert run.lost(first) == set() and run.total(first) == sum(run.max_scores.values()) > 0
