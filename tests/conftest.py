@@ -40,8 +40,8 @@ def pytest_configure(config):
 # pytest's own tmp_path folders, and torch's compile cache (made once per user by importing
 # torch._dynamo, reused by every later process: a cache, not a leak).
 _NOT_LEFTOVERS = ("pytest-of-", "torchinductor_")
-#: Until every part of the course cleans up (the lead turns this on), leftovers are reported only.
-_LEFTOVERS_FAIL = False
+#: Leftovers fail the run (every part of the course cleans up after itself).
+_LEFTOVERS_FAIL = True
 
 
 def _leftovers(run_tmp: str) -> list[str]:

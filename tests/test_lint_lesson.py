@@ -1,4 +1,4 @@
-"""The developer lesson on common mistakes (developer/02) with the linter loaded, under papermill:
+"""The developer lesson on common mistakes (developer/02) under papermill, with the linter it loads:
 each mistake it runs is flagged above the output of the cell that defines it, before that cell
 runs; and its "check your own script" section runs the command on the learner's script."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ROOT
-from tests.nbrun import run_papermill
+from tests.nbrun import errors, run_papermill
 
 LESSON = ROOT / "solutions" / "developer" / "02_common_mistakes.ipynb"
 
@@ -24,8 +24,19 @@ CLEAN = ("def rank0_saves(", "def save_with_barrier_outside(", "def one_step_los
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    nb, _ = run_papermill(LESSON, tmp_path_factory.mktemp("dev02") / "out.ipynb")
+    """The lesson's one papermill run in the test suite (tests/test_notebooks.py leaves it to this
+    module), with the same settings as every other notebook's: QUICK=True, from its own folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COURSE_QUICK", "1")
+        mp.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")
+        nb, seconds = run_papermill(LESSON, tmp_path_factory.mktemp("dev02") / "out.ipynb")
+    print(f"{LESSON.name}: {seconds:.1f} s")
     return nb
+
+
+@pytest.mark.notebook
+def test_the_lesson_executes_clean(executed):
+    assert not errors(executed)
 
 
 def streams(cell, name):

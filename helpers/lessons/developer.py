@@ -85,10 +85,18 @@ def run_script(script: str, workdir: str, args: tuple = ()) -> list[str]:
     sys.stdout = _Tee(old, captured)
     sys.argv = [script, *args]
     try:
-        runpy.run_path(script, run_name="__main__")
+        # The script's globals (its model, DDP's reducer, the process group) stay referenced
+        # until the rank process ends (a pool's rank ends with os._exit, running no destructors).
+        # Seen once under heavy load: a rank blocked for 60 s after the script's last line, inside
+        # run_path's cleanup, while its peer had finished; destroying the script's objects there,
+        # after the peer has gone, is the one thing that cleanup does.
+        _SCRIPT_GLOBALS.append(runpy.run_path(script, run_name="__main__"))
     finally:
         sys.stdout, sys.argv = old, old_argv
     return captured.getvalue().splitlines()
+
+
+_SCRIPT_GLOBALS: list[dict] = []
 
 
 # ----------------------------------------------------------------------------- state dicts
