@@ -173,7 +173,8 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6)
 
 
-def _as_number(value, rank: int) -> float:
+def _as_number(value, rank: int, name: str, should: str) -> float:
+    """A rank's return value as a float, or a failure saying what ``name`` should return."""
     __tracebackhide__ = True
     import numbers
 
@@ -184,8 +185,7 @@ def _as_number(value, rank: int) -> float:
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
     shown = value if isinstance(value, str) and value.startswith("<") else f"{value!r:.60} ({type(value).__name__})"
-    fail(f"combined_average() returned {shown} on worker {rank}; it "
-         "should return one plain number, e.g. `(total / count).item()`.")
+    fail(f"{name}() returned {shown} on worker {rank}; it should return {should}.")
 
 
 def _combined_average(combined_average, losses: list[float], counts: list[int]) -> None:
@@ -193,7 +193,8 @@ def _combined_average(combined_average, losses: list[float], counts: list[int]) 
     world = len(losses)
     values = run_answer(_combined_in_rank, combined_average, list(losses), list(counts),
                         name="combined_average", world_size=world)
-    got = [_as_number(v, r) for r, v in enumerate(values)]
+    got = [_as_number(v, r, "combined_average", "one plain number, e.g. `(total / count).item()`")
+           for r, v in enumerate(values)]
     n = sum(counts)
     truth = sum(l * c for l, c in zip(losses, counts)) / n
     shown = ", ".join(f"worker {r}: {v:.4g}" for r, v in enumerate(got))
@@ -274,21 +275,6 @@ def _report(report_average, losses, counts) -> tuple[list[dict], float, str]:
     return records, truth, setup
 
 
-def _report_number(value, rank: int) -> float:
-    __tracebackhide__ = True
-    import numbers
-
-    import torch
-
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.item())
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    shown = value if isinstance(value, str) and value.startswith("<") else f"{value!r:.60}"
-    fail(f"report_average() returned {shown} on worker {rank}; it should return the combined "
-         "average as one plain number, e.g. `(totals[0] / totals[1]).item()`.")
-
-
 def report_average_returns_combined(report_average, losses: list[float], counts: list[int]) -> None:
     """Every worker returns the average over all workers' examples (weighted by the counts)."""
     __tracebackhide__ = True
@@ -301,7 +287,8 @@ def report_average_returns_combined(report_average, losses: list[float], counts:
         fail(f"report_average() returned None on {_ranks(silent)}{also}. Every worker must return "
              "the combined average: only the print belongs inside `if rank == 0:`, the combining "
              "and the `return` come on every worker.")
-    got = [_report_number(r["value"], r["rank"]) for r in records]
+    got = [_as_number(r["value"], r["rank"], "report_average", "the combined average as one plain number, "
+                      "e.g. `(totals[0] / totals[1]).item()`") for r in records]
     shown = ", ".join(f"worker {r}: {v:.4f}" for r, v in enumerate(got))
     if all(_close(v, truth) for v in got):
         passed(f"every worker returned the combined average, {truth:.4f} ({world} workers)")

@@ -338,13 +338,38 @@ def torchrun(source: str, nproc: int = 2, timeout: float = 180) -> TorchrunResul
 
 
 def _kill_tree(pid: int) -> None:
+    """Kill ``pid`` and every process below it, including one it is starting at that moment.
+
+    Each process is stopped (SIGSTOP) before its children are listed, so none can start another
+    one after the list is made (a launcher killed while it starts its workers would leave them
+    running); then everything listed is killed."""
+    import signal
+
     import psutil
 
     try:
-        parent = psutil.Process(pid)
-        family = parent.children(recursive=True) + [parent]
+        family = [psutil.Process(pid)]
     except psutil.NoSuchProcess:
         return
+    seen = set()
+    while True:
+        for p in family:
+            if p.pid not in seen:
+                seen.add(p.pid)
+                try:
+                    p.send_signal(signal.SIGSTOP)
+                except psutil.NoSuchProcess:
+                    pass
+        found = []
+        for p in family:
+            try:
+                found += p.children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+        new = [c for c in found if c.pid not in seen]
+        if not new:
+            break
+        family += new
     for p in family:
         try:
             p.kill()
