@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.grading_runs import SuiteView
 from tests.nbgrade import cell_output
 
-EXERCISES = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
 
 ONLY_RANK0 = "test_save_once_only_rank0_writes"
 WAITS = "test_save_once_everyone_waits"

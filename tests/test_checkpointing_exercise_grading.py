@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.grading_runs import SuiteView
+from tests.grading_runs import NOTEBOOKS, SuiteView
 from tests.nbgrade import cell_output
 
-EXERCISES = ROOT / "solutions" / "developer" / "06_exercises.ipynb"
 
 FILES = "test_save_rotating_files"
 WAITS = "test_save_rotating_waits"
@@ -96,7 +94,7 @@ def _reference_with(*changes: tuple[str, str]) -> str:
     """The reference answer with some lines changed (each change must apply)."""
     from tests.nbgrade import reference_answers
 
-    source = reference_answers(EXERCISES)["save_rotating"]
+    source = reference_answers(NOTEBOOKS["developer"])["save_rotating"]
     for old, new in changes:
         assert old in source, f"the reference answer no longer contains {old!r}"
         source = source.replace(old, new)

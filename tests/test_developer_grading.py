@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.grading_runs import SuiteView
+from tests.grading_runs import NOTEBOOKS, SuiteView
 from tests.nbgrade import cell_output
 
-EXERCISES = ROOT / "solutions" / "developer" / "06_exercises.ipynb"
 
 CONTENTS = "test_save_checkpoint_contents"
 WAITS = "test_save_checkpoint_waits"
@@ -207,19 +205,14 @@ FEEDBACK = {
 }
 
 
-def answers(student: str) -> dict[str, str] | None:
-    """A student's answer cells; None entries mean "the reference answer" for that function."""
-    spec = STUDENTS[student]
-    if spec is None:
-        return None
+def submissions(depth: str = "developer") -> dict:
+    """Each student's answer cells; a None entry is the reference answer for that function."""
     from tests.nbgrade import reference_answers
 
-    reference = reference_answers(EXERCISES)
-    return {gid: (src if src is not None else reference[gid]) for gid, src in spec.items()}
-
-
-def submissions(depth: str = "developer") -> dict:
-    return {s: answers(s) for s in STUDENTS}
+    reference = reference_answers(NOTEBOOKS["developer"])
+    return {student: None if spec is None else {gid: reference[gid] if src is None else src
+                                                 for gid, src in spec.items()}
+            for student, spec in STUDENTS.items()}
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,8 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from tests.conftest import ROOT
-from tests.grading_runs import SuiteView
+from tests.grading_runs import NOTEBOOKS, SuiteView
 
-SOURCE = ROOT / "solutions" / "researcher" / "06_exercises.ipynb"
 
 TESTS = {
     "test_pooled_mean_values", "test_pooled_mean_errors",
@@ -206,7 +204,7 @@ FEEDBACK = {  # student -> phrases its autograded notebook must show (what went 
 def submissions(depth: str = "researcher") -> dict:
     from tests.nbgrade import reference_answers
 
-    reference = reference_answers(SOURCE)
+    reference = reference_answers(NOTEBOOKS["researcher"])
     subs = {}
     for student, answers in STUDENTS.items():
         if answers is None or student == "blank":
