@@ -17,12 +17,18 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from course_tools.selfcheck import graded_notebooks
 from tests.conftest import ROOT
 from tests.nbgrade import autograde, reference_answers
 
-NOTEBOOKS = {"beginner": ROOT / "solutions" / "beginner" / "03_exercises.ipynb",
-             "developer": ROOT / "solutions" / "developer" / "06_exercises.ipynb",
-             "researcher": ROOT / "solutions" / "researcher" / "06_exercises.ipynb"}
+
+def _exercises(depth: str) -> Path:
+    """A depth's one graded notebook (its exercises), as the course discovers it."""
+    (notebook,) = graded_notebooks(ROOT / "solutions" / depth)
+    return notebook
+
+
+NOTEBOOKS = {depth: _exercises(depth) for depth in ("beginner", "developer", "researcher")}
 
 # depth -> the suites graded in its shared run (each has ``submissions(depth)``; a module that only
 # reads another suite's students returns none)

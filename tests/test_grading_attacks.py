@@ -23,12 +23,12 @@ import pytest
 from course_tools import nbgrader
 from course_tools.sandbox import probe
 from course_tools.temp_course import make_course, read_scores, reference_answers, submit
-from tests.conftest import ROOT
+from tests.grading_runs import NOTEBOOKS
 from tests.nbgrade import cell_output, grading_bound
 
 pytestmark = pytest.mark.grading
 
-SOURCE = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
+SOURCE = NOTEBOOKS["beginner"]
 SAVE = {"test_save_once_only_rank0_writes", "test_save_once_everyone_waits"}
 AVERAGE = {"test_combined_average_same_on_every_worker", "test_combined_average_unequal_counts"}
 STUB = "def {name}({args}):\n    pass\n"

@@ -14,6 +14,7 @@ import pytest
 from course_tools import nbgrader
 from course_tools.selfcheck import graded_notebooks
 from tests.conftest import ROOT
+from tests.grading_runs import NOTEBOOKS
 from tests.nbgrade import fill, reference_answers
 
 pytestmark = pytest.mark.grading
@@ -67,7 +68,7 @@ def test_the_learner_bundle_gives_nothing_away_and_checks_with_the_visible_tests
     for path in bundle.rglob("*.ipynb"):
         text = path.read_text()
         assert "BEGIN HIDDEN TESTS" not in text and "BEGIN SOLUTION" not in text, path
-    source = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
+    source = NOTEBOOKS["beginner"]
     mine = tmp_path / "mine"
     shutil.copytree(bundle / "notebooks" / "beginner", mine)
     nbformat.write(fill(mine / source.name, reference_answers(source)), mine / source.name)

@@ -14,7 +14,7 @@ import pytest
 
 from course_tools import nbgrader
 from course_tools.temp_course import make_course, read_scores
-from tests.conftest import ROOT
+from tests.grading_runs import NOTEBOOKS
 from tests.nbgrade import autograde, fill
 
 pytestmark = pytest.mark.grading
@@ -39,7 +39,7 @@ def save_once(obj, path):
 
 
 def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
-    source = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
+    source = NOTEBOOKS["beginner"]
     token = tmp_path.name.replace("-", "_")
     messy = CORRECT_SAVE_ONCE.replace("    import torch, torch.distributed as dist\n", textwrap.indent(textwrap.dedent(f"""
         import subprocess, tempfile, pathlib
@@ -109,7 +109,7 @@ def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
 
 
 def test_editing_or_deleting_a_locked_test_cell_changes_nothing(tmp_path):
-    source = ROOT / "solutions" / "beginner" / "03_exercises.ipynb"
+    source = NOTEBOOKS["beginner"]
     wrong = "def combined_average(loss, count):\n    return loss\n"
     graded = autograde(source, {"honest": {"combined_average": wrong}}, tmp_path / "a")
     course = make_course(tmp_path / "b", ["beginner"])
