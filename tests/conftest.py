@@ -79,6 +79,18 @@ def _no_rank_left_behind():
 
 
 @pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt in this process, as in a kernel running a cell, whatever
+    the run inherited: a command started in the background by a shell starts with SIGINT
+    ignored, and an ignored interrupt would leave an interrupt test waiting for its timeout."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
 def quick_env(monkeypatch):
     monkeypatch.setenv("COURSE_QUICK", "1")
     monkeypatch.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")

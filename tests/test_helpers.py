@@ -189,6 +189,7 @@ def interrupts_the_grader(kernel_pid):
         dist.barrier()  # waits for ever: rank 1 has returned
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_run_answer_remembers_an_answer_that_was_interrupted():
     def harness(fn, pid):
         return fn(pid)

@@ -384,6 +384,7 @@ def _interrupt_when(line: str):
     return _Recorder(react)
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_keyboard_interrupt_reaches_the_caller_and_kills_the_pool(monkeypatch):
     monkeypatch.setattr(sys, "stdout", _interrupt_when("[rank 1] ready"))
     with pytest.raises(KeyboardInterrupt):
@@ -393,6 +394,7 @@ def test_keyboard_interrupt_reaches_the_caller_and_kills_the_pool(monkeypatch):
 
 
 @pytest.mark.parametrize("during", ["stop", "_kill_the_rest", "_await_exits"])
+@pytest.mark.usefixtures("sigint_raises")
 def test_a_second_interrupt_while_the_pool_stops_cannot_leave_ranks_alive(monkeypatch, during):
     """The second SIGINT is sent from inside the stop (at its start, between the kills, while
     awaiting the exits): it is held until every rank is dead."""
@@ -423,6 +425,7 @@ class _BlockWhileUnpickled:
         return (_ready_then_wait, ())
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_an_interrupt_during_start_up_kills_the_pool(monkeypatch):
     monkeypatch.setattr(sys, "stdout", _interrupt_when("[rank 0] ready"))
     with pytest.raises(KeyboardInterrupt):
