@@ -1,8 +1,9 @@
 """Every notebook of the course, discovered automatically: a new lesson is covered with no edit here.
 
 - instructor versions (solutions/) execute clean under papermill, from their own folder, with QUICK=True;
-- learner versions with answer cells (the exercises) execute with errors only in graded cells (their
-  answers are empty); learner lessons are their instructor version, unchanged;
+- learner lessons are their instructor version, unchanged; every learner notebook is run in JupyterLab
+  by tests/test_browser.py, which also checks that an exercises notebook with empty answers fails only
+  in its graded cells, and fails its tests;
 - notebooks/ is exactly what nbgrader generates from solutions/, and holds no solution or hidden test;
 - every notebook is committed without outputs or execution counts, and has a `parameters` cell.
 """
@@ -16,7 +17,7 @@ import nbformat
 import pytest
 
 from tests.conftest import RELEASED, ROOT, SOLUTIONS, rel
-from tests.nbrun import errors, is_graded, run_allowing_errors, run_papermill
+from tests.nbrun import errors, run_papermill
 
 ALL = SOLUTIONS + RELEASED
 
@@ -55,18 +56,6 @@ def _has_answer_cells(path) -> bool:
 
 WITH_ANSWERS = [p for p in RELEASED if _has_answer_cells(p)]
 LESSONS = [p for p in RELEASED if p not in WITH_ANSWERS]
-
-
-@pytest.mark.notebook
-@pytest.mark.parametrize("path", WITH_ANSWERS, ids=rel)
-def test_learner_notebook_errors_only_in_graded_cells(path, quick_env):
-    """A learner who has written nothing yet sees errors only in the graded cells, and the tests fail."""
-    nb = run_allowing_errors(path)
-    bad = [(i, msg) for i, cell, msg in errors(nb) if not is_graded(cell)]
-    assert not bad, f"errors outside graded cells in {rel(path)}: {bad}"
-    graded_tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
-    if graded_tests:
-        assert errors(nb), "the empty answers should make the graded tests fail"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=rel)
