@@ -17,18 +17,24 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from course_tools import depths
 from course_tools.selfcheck import graded_notebooks
 from tests.conftest import ROOT
 from tests.nbgrade import autograde, reference_answers
 
 
-def _exercises(depth: str) -> Path:
-    """A depth's one graded notebook (its exercises), as the course discovers it."""
-    (notebook,) = graded_notebooks(ROOT / "solutions" / depth)
-    return notebook
+def _exercises() -> dict[str, Path]:
+    """Each depth with graded cells -> its one graded notebook (its exercises), as the course
+    discovers them (``make check`` and the release use the same discovery)."""
+    found = {}
+    for depth in depths():
+        notebooks = graded_notebooks(ROOT / "solutions" / depth)
+        if notebooks:
+            (found[depth],) = notebooks
+    return found
 
 
-NOTEBOOKS = {depth: _exercises(depth) for depth in ("beginner", "developer", "researcher")}
+NOTEBOOKS = _exercises()
 
 # depth -> the suites graded in its shared run (each has ``submissions(depth)``; a module that only
 # reads another suite's students returns none)
@@ -39,9 +45,6 @@ SUITES = {
                   "tests.test_logging_exercises_grading"],
     "researcher": ["tests.test_researcher_grading", "tests.test_logging_exercises_grading"],
 }
-
-# the modules whose tests must share a worker with their depth's run (see tests/conftest.py)
-MODULES = {name.rsplit(".", 1)[-1] + ".py" for names in SUITES.values() for name in names}
 
 _RUNS: dict[str, tuple] = {}
 

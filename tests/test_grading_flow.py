@@ -11,30 +11,29 @@ import pytest
 
 from course_tools import nbgrader
 from course_tools.temp_course import make_course
-from course_tools.selfcheck import graded_notebooks
-from tests.conftest import ROOT
+from tests.grading_runs import NOTEBOOKS, SUITES
 from tests.nbgrade import fill, reference_answers
 
 pytestmark = pytest.mark.grading
 
 COURSE_ID = "one-rank"
-GRADED_DEPTHS = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and graded_notebooks(p))
+GRADED_DEPTHS = sorted(NOTEBOOKS)   # every depth with graded cells, as the course discovers them
 # The exchange steps are the same for every depth, so the flow goes through one (the beginner
 # exercises, the quickest to grade). Every depth's reference answers are graded full marks by its
 # wrong-answer suites' shared autograde run (tests/grading_runs.py, its first student) and by
 # `make bench`, which grades a whole submission of every depth.
 EXERCISE_DEPTHS = ["beginner"]
-GRADED_SOURCES = [nb for d in EXERCISE_DEPTHS for nb in graded_notebooks(ROOT / "solutions" / d)]
+GRADED_SOURCES = [NOTEBOOKS[d] for d in EXERCISE_DEPTHS]
 
 
 def test_there_are_exercises_to_grade():
     assert set(EXERCISE_DEPTHS) <= set(GRADED_DEPTHS) and GRADED_SOURCES
-    assert set(GRADED_DEPTHS) == {"beginner", "developer", "researcher"}
+    assert set(GRADED_DEPTHS) == {"beginner", "developer", "researcher"} == set(SUITES)
 
 
 def test_every_depths_first_shared_student_is_the_reference():
     """What the flow leaves to the shared runs: their first submission holds every reference answer."""
-    from tests.grading_runs import NOTEBOOKS, merged
+    from tests.grading_runs import merged
 
     for depth in GRADED_DEPTHS:
         submissions, _ = merged(depth)

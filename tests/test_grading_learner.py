@@ -12,7 +12,6 @@ import nbformat
 import pytest
 
 from course_tools import nbgrader
-from course_tools.selfcheck import graded_notebooks
 from tests.conftest import ROOT
 from tests.grading_runs import NOTEBOOKS
 from tests.nbgrade import fill, reference_answers
@@ -20,9 +19,7 @@ from tests.nbgrade import fill, reference_answers
 pytestmark = pytest.mark.grading
 
 COURSE_ID = "one-rank"
-EXERCISE_DEPTHS = sorted(p.name for p in (ROOT / "solutions").iterdir()
-                         if p.is_dir() and graded_notebooks(p))
-GRADED_SOURCES = [nb for d in EXERCISE_DEPTHS for nb in graded_notebooks(ROOT / "solutions" / d)]
+GRADED_SOURCES = [NOTEBOOKS[d] for d in sorted(NOTEBOOKS)]
 
 
 # ----------------------------------------------------------------------------- the learner's side
@@ -32,7 +29,7 @@ def test_make_check_grades_a_learner_copy_and_points_to_feedback(tmp_path):
     depth = "beginner"
     mine = tmp_path / "mine"
     shutil.copytree(ROOT / "notebooks" / depth, mine)
-    source = graded_notebooks(ROOT / "solutions" / depth)[0]
+    source = NOTEBOOKS[depth]
     answers = reference_answers(source)
     first = next(iter(answers))  # answer only the first exercise
     nbformat.write(fill(mine / source.name, {first: answers[first]}), mine / source.name)
