@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from course_tools import ROOT
 from helpers.lint.core import iter_files, lint_file, python_of_cell
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET = 25.0
 
 

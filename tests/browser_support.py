@@ -29,7 +29,9 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parent.parent
+from course_tools import ROOT, venv_env
+from tests.conftest import QUICK_ENV
+
 # Without the networking flags Chromium floods a closed network with connection attempts.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
@@ -77,13 +79,6 @@ def learner_notebooks(root: Path = ROOT) -> list[Path]:
 def copy_course(dest: Path, root: Path = ROOT) -> Path:
     shutil.copytree(root, dest, ignore=_NOT_COPIED)
     return dest
-
-
-def venv_env(**extra: str) -> dict:
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.update(extra)
-    return env
 
 
 def release_assignments(course: Path, exchange: Path, assignments: list[str]) -> None:
@@ -152,11 +147,10 @@ class LabServer:
             JUPYTER_CONFIG_DIR=str(dirs["config"]), JUPYTER_DATA_DIR=str(dirs["data"]),
             JUPYTER_RUNTIME_DIR=str(dirs["runtime"]), IPYTHONDIR=str(dirs["ipython"]),
             MPLCONFIGDIR=str(dirs["mpl"]), JUPYTERLAB_WORKSPACES_DIR=str(dirs["workspaces"]),
-            COURSE_QUICK="1", PYTHONDONTWRITEBYTECODE="1",
+            PYTHONDONTWRITEBYTECODE="1", **QUICK_ENV,
             # the copy's helpers, not the repo's (the editable install points at the repo):
             # kernels see one consistent snapshot of the course
-            PYTHONPATH=os.pathsep.join(filter(None, [str(self.course), os.environ.get("PYTHONPATH")])),
-            PYTHONWARNINGS="ignore::DeprecationWarning")
+            PYTHONPATH=os.pathsep.join(filter(None, [str(self.course), os.environ.get("PYTHONPATH")])))
 
     def start(self) -> "LabServer":
         env = self._env()

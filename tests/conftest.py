@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from course_tools import ROOT
+
 sys.path.insert(0, str(ROOT))  # `helpers` is installed editable; this makes `tests.*` importable too
 
 SOLUTIONS = sorted((ROOT / "solutions").rglob("*.ipynb"))
@@ -90,10 +91,14 @@ def sigint_raises():
     signal.signal(signal.SIGINT, previous)
 
 
+#: The environment of a notebook the suite runs: the smallest sizes, no deprecation noise.
+QUICK_ENV = {"COURSE_QUICK": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+
+
 @pytest.fixture
 def quick_env(monkeypatch):
-    monkeypatch.setenv("COURSE_QUICK", "1")
-    monkeypatch.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    for name, value in QUICK_ENV.items():
+        monkeypatch.setenv(name, value)
     return dict(os.environ)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import QUICK_ENV, ROOT
 from tests.nbrun import errors, run_papermill
 
 LESSON = ROOT / "solutions" / "developer" / "02_common_mistakes.ipynb"
@@ -27,8 +27,8 @@ def executed(tmp_path_factory):
     """The lesson's one papermill run in the test suite (tests/test_notebooks.py leaves it to this
     module), with the same settings as every other notebook's: QUICK=True, from its own folder."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COURSE_QUICK", "1")
-        mp.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")
+        for name, value in QUICK_ENV.items():
+            mp.setenv(name, value)
         nb, seconds = run_papermill(LESSON, tmp_path_factory.mktemp("dev02") / "out.ipynb")
     print(f"{LESSON.name}: {seconds:.1f} s")
     return nb
