@@ -2,8 +2,9 @@
 correct answers in other styles get full marks; each mistake listed in the issue loses exactly the
 points of the tests that cover it, with feedback that names the mistake.
 
-Wrong answers for different functions share a student. One autograde run per depth grades these students together with the depth's other wrong-answer suites
-(tests/grading_runs.py): each suite writes its own exercises' answers and compares only its own tests.
+Wrong answers for different functions share a student. One autograde run per depth grades these
+students together with the depth's other wrong-answer suites (tests/grading_runs.py): each suite
+writes its own exercises' answers and compares only its own tests.
 """
 
 from __future__ import annotations

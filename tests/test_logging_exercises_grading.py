@@ -1,6 +1,6 @@
-"""The logging exercises (issue 11 §4) under real `nbgrader autograde`: the reference solutions and answers in other correct styles get
-full marks; each mistake the issue lists loses exactly the points of the tests that cover it, with
-feedback that names it; the released stubs score nothing.
+"""The logging exercises (issue 11 §4) under real `nbgrader autograde`: the reference solutions and
+answers in other correct styles get full marks; each mistake the issue lists loses exactly the points
+of the tests that cover it, with feedback that names it; the released stubs score nothing.
 
 One autograde run per depth grades these students together with the depth's other wrong-answer suites
 (tests/grading_runs.py): each suite writes its own exercises' answers and compares only its own tests.

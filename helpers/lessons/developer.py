@@ -155,20 +155,14 @@ def sigkill_mid_write(fraction: float = 0.5) -> Iterator[None]:
     """
     import signal
 
-    from helpers.lessons.races import BufferedSave, hook_torch_save
+    from helpers.lessons.races import BufferedSave, hook_torch_save, write_slowly
 
     if not 0 < fraction < 1:
         raise ValueError(f"fraction must be between 0 and 1 (a part of the file), got {fraction}")
 
     class DiesMidway(BufferedSave):
         def publish(self, data: bytes) -> None:
-            part = data[:int(len(data) * fraction)]
-            if isinstance(self.target, (str, os.PathLike)):
-                with open(self.target, "wb") as f:
-                    f.write(part)
-            else:
-                self.target.write(part)
-                self.target.flush()
+            write_slowly(data[:int(len(data) * fraction)], self.target, chunks=1)  # on disk, then the kill
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
