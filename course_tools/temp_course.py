@@ -15,8 +15,8 @@ from pathlib import Path
 
 from course_tools import ROOT, is_answer_cell, nbgrader
 
-__all__ = ["make_course", "has_hidden_tests", "read_scores", "Graded", "exercise_of", "reference_answers",
-           "with_body", "fill", "submit"]
+__all__ = ["make_course", "has_hidden_tests", "read_scores", "Graded", "cell_output", "exercise_of",
+           "reference_answers", "with_body", "fill", "submit"]
 
 _SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n(.*?)^[ \t]*### END SOLUTION\n?", re.S | re.M)
 
@@ -50,6 +50,7 @@ class Graded:
     seconds: float
     course: Path
     notebook_of: dict[str, str] = field(default_factory=dict)  # grade_id -> notebook name
+    depth: str = ""
 
     def total(self, student: str) -> float:
         return sum(self.scores[student].values())
@@ -57,6 +58,30 @@ class Graded:
     def lost(self, student: str) -> set[str]:
         """grade_ids where this student scored below the maximum."""
         return {g for g, s in self.scores[student].items() if s < self.max_scores[g]}
+
+    def shown(self, student: str, grade_ids, limit: int | None = 1200) -> dict[str, str]:
+        """What each of these graded cells showed in the student's autograded notebook (what it
+        printed and raised), its last ``limit`` characters (``None``: all): why a point was lost
+        or kept."""
+        folder = self.course / "autograded" / student / self.depth
+        return {g: cell_output(folder / f"{self.notebook_of[g]}.ipynb", g)[-(limit or 0):]
+                for g in sorted(grade_ids)}
+
+
+def cell_output(nb_path: Path, grade_id: str) -> str:
+    """Everything a graded notebook's cell printed or raised (text, error values, tracebacks)."""
+    import nbformat
+
+    nb = nbformat.read(nb_path, as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            parts = []
+            for out in cell.get("outputs", []):
+                parts.append(out.get("text", ""))
+                parts.append(out.get("evalue", ""))
+                parts.extend(out.get("traceback", []))
+            return "\n".join(parts)
+    raise KeyError(grade_id)
 
 
 def read_scores(course: Path, depth: str, notebooks: list[str] | str, students: list[str],
@@ -79,7 +104,7 @@ def read_scores(course: Path, depth: str, notebooks: list[str] | str, students: 
                     scores[student][g.name] = float(g.score)
                     max_scores[g.name] = float(g.max_score)
                     notebook_of[g.name] = nb
-    return Graded(scores, max_scores, seconds, course, notebook_of)
+    return Graded(scores, max_scores, seconds, course, notebook_of, depth)
 
 
 def exercise_of(test_id: str, answer_ids: list[str]) -> str:

@@ -92,6 +92,10 @@ class SuiteView:
     def lost(self, student: str) -> set[str]:
         return self.run.lost(self.ids[student])
 
+    def shown(self, student: str, grade_ids, limit: int | None = 1200) -> dict[str, str]:
+        """What these test cells showed for the student (:meth:`Graded.shown`)."""
+        return self.run.shown(self.ids[student], grade_ids, limit)
+
     def notebook(self, student: str) -> Path:
         """The student's autograded notebook (its outputs are what the feedback shows)."""
         return self.run.course / "autograded" / self.ids[student] / self.depth / NOTEBOOKS[self.depth].name

@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 
 from course_tools import is_graded_cell, nbgrader, venv_env  # noqa: F401 - re-exported
-from course_tools.temp_course import (Graded, fill, make_course, read_scores,  # noqa: F401
+from course_tools.temp_course import (Graded, cell_output, fill, make_course, read_scores,  # noqa: F401
                                       reference_answers, submit)
 
 
@@ -56,17 +56,3 @@ def autograde(source: Path, submissions: dict[str, dict[str, str] | None], tmp: 
     seconds = time.monotonic() - t0
     print(f"autograde of {len(submissions)} submissions of {source.name}: {seconds:.0f} s")
     return read_scores(course, depth, source.stem, list(submissions), seconds)
-
-
-def cell_output(nb_path: Path, grade_id: str) -> str:
-    """Everything a graded notebook's cell printed or raised (text, error values, tracebacks)."""
-    nb = nbformat.read(nb_path, as_version=4)
-    for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            parts = []
-            for out in cell.get("outputs", []):
-                parts.append(out.get("text", ""))
-                parts.append(out.get("evalue", ""))
-                parts.extend(out.get("traceback", []))
-            return "\n".join(parts)
-    raise KeyError(grade_id)

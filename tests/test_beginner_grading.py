@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from tests.grading_runs import SuiteView
-from tests.nbgrade import cell_output
 
 
 ONLY_RANK0 = "test_save_once_only_rank0_writes"
@@ -163,7 +162,7 @@ def test_exercises_have_the_promised_tests(graded):
 @pytest.mark.parametrize("student", list(STUDENTS))
 def test_each_answer_loses_exactly_the_right_points(graded, student):
     lost = graded.lost(student) & ALL_TESTS  # the notebook's other exercises have their own suites
-    assert lost == EXPECTED_LOST[student], (student, graded.scores[student])
+    assert lost == EXPECTED_LOST[student], (student, graded.shown(student, lost ^ EXPECTED_LOST[student]))
     if not EXPECTED_LOST[student]:
         assert sum(graded.scores[student][g] for g in ALL_TESTS) == sum(graded.max_scores[g] for g in ALL_TESTS)
 
@@ -171,6 +170,5 @@ def test_each_answer_loses_exactly_the_right_points(graded, student):
 @pytest.mark.grading
 @pytest.mark.parametrize("student,grade_id", list(FEEDBACK), ids=lambda x: str(x))
 def test_feedback_names_the_mistake(graded, student, grade_id):
-    nb = graded.notebook(student)
-    text = cell_output(nb, grade_id)
+    text = graded.shown(student, [grade_id], limit=None)[grade_id]
     assert FEEDBACK[student, grade_id] in text, text[-1500:]

@@ -231,7 +231,7 @@ def test_exercises_have_the_promised_tests(graded):
 @pytest.mark.parametrize("student", list(STUDENTS))
 def test_each_answer_loses_exactly_the_right_points(graded, student):
     lost = {g for g in graded.lost(student) if g in ALL_TESTS}
-    assert lost == EXPECTED_LOST[student], (student, graded.scores[student])
+    assert lost == EXPECTED_LOST[student], (student, graded.shown(student, lost ^ EXPECTED_LOST[student]))
     for g in lost:  # a failed test scores nothing, not part of its points
         assert graded.scores[student][g] == 0
     if not EXPECTED_LOST[student]:
@@ -241,8 +241,7 @@ def test_each_answer_loses_exactly_the_right_points(graded, student):
 @pytest.mark.grading
 @pytest.mark.parametrize("student,grade_id", list(FEEDBACK), ids=lambda x: str(x))
 def test_feedback_names_the_mistake(graded, student, grade_id):
-    nb = graded.notebook(student)
-    text = cell_output(nb, grade_id)
+    text = graded.shown(student, [grade_id], limit=None)[grade_id]
     assert FEEDBACK[student, grade_id] in text, text[-1500:]
 
 

@@ -196,7 +196,7 @@ def test_every_student_is_graded_and_the_run_succeeds(attacked):
 
 @pytest.mark.parametrize("student", ["aa_honest", "zz_victim", "schema_99"])
 def test_honest_classmates_keep_full_marks(attacked, student):
-    assert _lost(attacked, student) == set(), attacked["graded"].scores[student]
+    assert _lost(attacked, student) == set(), attacked["graded"].shown(student, _lost(attacked, student))
 
 
 @pytest.mark.parametrize("student", ["cheat_rebind", "cheat_transformer", "cheat_steal"])

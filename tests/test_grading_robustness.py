@@ -84,7 +84,7 @@ def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
     save_tests = {g for g in graded.max_scores if "save_once" in g}
     avg_tests = {g for g in graded.max_scores if "combined_average" in g}
     full = sum(graded.max_scores.values())
-    assert graded.total("reference") == full
+    assert graded.total("reference") == full, graded.shown("reference", graded.lost("reference"))
     theirs = save_tests | avg_tests  # the students answer these two; the notebook's other stubs fail
     assert graded.lost("pool_hang") & theirs == save_tests
     assert graded.lost("kernel_loop") & theirs == save_tests

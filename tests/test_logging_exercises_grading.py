@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.grading_runs import NOTEBOOKS, SuiteView
-from tests.nbgrade import cell_output, reference_answers
+from tests.nbgrade import reference_answers
 
 # ----------------------------------------------------------------------------- beginner
 
@@ -464,7 +464,7 @@ def test_the_logging_exercises_have_their_tests_and_points(graded, depth):
 def test_each_answer_loses_exactly_the_right_points(graded, depth, student):
     result, mine = graded(depth), set(SUITES[depth][3])
     lost = result.lost(student) & mine
-    assert lost == SUITES[depth][1][student], (student, {g: result.scores[student].get(g) for g in mine})
+    assert lost == SUITES[depth][1][student], (student, result.shown(student, lost ^ SUITES[depth][1][student]))
     assert all(result.scores[student][g] == 0 for g in lost)  # a failed test scores nothing
 
 
@@ -472,7 +472,7 @@ def test_each_answer_loses_exactly_the_right_points(graded, depth, student):
 @pytest.mark.parametrize("depth,student,grade_id", FEEDBACK, ids=[f"{d}-{s}-{g}" for d, s, g in FEEDBACK])
 def test_feedback_names_the_mistake(graded, depth, student, grade_id):
     result = graded(depth)
-    text = cell_output(result.notebook(student), grade_id)
+    text = result.shown(student, [grade_id], limit=None)[grade_id]
     assert SUITES[depth][2][student, grade_id] in text, text[-1500:]
 
 
@@ -483,4 +483,5 @@ def test_the_shared_runs_first_submission_scores_full_marks_on_every_test(graded
     first student): it earns every point of the notebook, the tests of every suite together."""
     run = graded(depth).run
     first = next(iter(run.scores))
-    assert run.lost(first) == set() and run.total(first) == sum(run.max_scores.values()) > 0
+    assert run.lost(first) == set(), run.shown(first, run.lost(first))
+    assert run.total(first) == sum(run.max_scores.values()) > 0

@@ -239,7 +239,8 @@ def test_graded_cells_are_the_listed_ones(graded):
 @pytest.mark.grading
 @pytest.mark.parametrize("student", list(STUDENTS))
 def test_each_student_loses_exactly_the_right_points(graded, student):
-    assert graded.lost(student) & TESTS == EXPECTED_LOST[student], graded.scores[student]
+    lost = graded.lost(student) & TESTS
+    assert lost == EXPECTED_LOST[student], (student, graded.shown(student, lost ^ EXPECTED_LOST[student]))
     want = sum(graded.max_scores[t] for t in TESTS) - sum(graded.max_scores[t] for t in EXPECTED_LOST[student])
     assert sum(graded.scores[student][t] for t in TESTS) == want
 
