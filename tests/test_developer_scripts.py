@@ -28,7 +28,9 @@ def torchrun(script: str, cwd: Path, *args: str) -> list[str]:
     proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--log-dir", str(logs),
                            "--redirects", "1", script, *args],
                           cwd=cwd, capture_output=True, text=True, timeout=180, env=env)
-    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    printed = "".join(f"\nrank {log.parent.name} printed:\n{log.read_text()}"
+                      for log in sorted(logs.glob("*/attempt_*/*/stdout.log")))
+    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}{printed}"
     lines = []
     for rank in range(2):
         (log,) = logs.glob(f"*/attempt_0/{rank}/stdout.log")
