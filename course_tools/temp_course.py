@@ -62,10 +62,16 @@ class Graded:
     def shown(self, student: str, grade_ids, limit: int | None = 1200) -> dict[str, str]:
         """What each of these graded cells showed in the student's autograded notebook (what it
         printed and raised), its last ``limit`` characters (``None``: all): why a point was lost
-        or kept."""
+        or kept. A cell that cannot be read says why instead (a failing test's message must not
+        fail in its turn)."""
         folder = self.course / "autograded" / student / self.depth
-        return {g: cell_output(folder / f"{self.notebook_of[g]}.ipynb", g)[-(limit or 0):]
-                for g in sorted(grade_ids)}
+        shown = {}
+        for g in sorted(grade_ids):
+            try:
+                shown[g] = cell_output(folder / f"{self.notebook_of[g]}.ipynb", g)[-(limit or 0):]
+            except (KeyError, OSError) as e:
+                shown[g] = f"(nothing to show: {type(e).__name__}: {e})"
+        return shown
 
 
 def cell_output(nb_path: Path, grade_id: str) -> str:

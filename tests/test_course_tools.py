@@ -111,3 +111,21 @@ def test_browser_finder_searches_path_for_the_usual_names(tmp_path, monkeypatch)
     assert find_chromium(without_debian) == str(fake)
     fake.unlink()
     assert find_chromium(without_debian) is None
+
+
+def test_graded_shown_gives_a_cells_output_and_says_why_when_it_cannot(tmp_path):
+    """A failing grading test's message shows the cells' outputs; a cell it cannot read (no such
+    grade id, no notebook) is named with the reason instead of failing the message itself."""
+    from course_tools.temp_course import Graded
+
+    cell = nbformat.v4.new_code_cell("check()", metadata={"nbgrader": {"grade_id": "test_a"}})
+    cell.outputs = [nbformat.v4.new_output("error", ename="CheckFailed", evalue="rank 1 hung", traceback=[])]
+    folder = tmp_path / "autograded" / "s1" / "beginner"
+    folder.mkdir(parents=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), folder / "03_exercises.ipynb")
+    graded = Graded({"s1": {"test_a": 0.0}, "s2": {"test_a": 0.0}}, {"test_a": 1.0}, 0.0, tmp_path,
+                    {"test_a": "03_exercises"}, "beginner")
+    shown = graded.shown("s1", {"test_a", "test_b"})
+    assert "rank 1 hung" in shown["test_a"]
+    assert shown["test_b"].startswith("(nothing to show: KeyError")
+    assert "FileNotFoundError" in graded.shown("s2", ["test_a"])["test_a"]
