@@ -59,16 +59,19 @@ class Graded:
         """grade_ids where this student scored below the maximum."""
         return {g for g, s in self.scores[student].items() if s < self.max_scores[g]}
 
+    def notebook(self, student: str, name: str) -> Path:
+        """The student's autograded copy of notebook ``name`` (without .ipynb)."""
+        return self.course / "autograded" / student / self.depth / f"{name}.ipynb"
+
     def shown(self, student: str, grade_ids, limit: int | None = 1200) -> dict[str, str]:
         """What each of these graded cells showed in the student's autograded notebook (what it
         printed and raised), its last ``limit`` characters (``None``: all): why a point was lost
         or kept. A cell that cannot be read says why instead (a failing test's message must not
         fail in its turn)."""
-        folder = self.course / "autograded" / student / self.depth
         shown = {}
         for g in sorted(grade_ids):
             try:
-                shown[g] = cell_output(folder / f"{self.notebook_of[g]}.ipynb", g)[-(limit or 0):]
+                shown[g] = cell_output(self.notebook(student, self.notebook_of[g]), g)[-(limit or 0):]
             except (KeyError, OSError) as e:
                 shown[g] = f"(nothing to show: {type(e).__name__}: {e})"
         return shown

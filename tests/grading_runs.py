@@ -98,4 +98,4 @@ class SuiteView:
 
     def notebook(self, student: str) -> Path:
         """The student's autograded notebook (its outputs are what the feedback shows)."""
-        return self.run.course / "autograded" / self.ids[student] / self.depth / NOTEBOOKS[self.depth].name
+        return self.run.notebook(self.ids[student], NOTEBOOKS[self.depth].stem)

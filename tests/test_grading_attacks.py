@@ -205,14 +205,14 @@ def test_cheats_score_nothing(attacked, student):
 
 
 def test_a_rebinding_answer_is_told_why_it_was_not_run(attacked):
-    nb = attacked["course"] / "autograded" / "cheat_rebind" / "beginner" / SOURCE.name
+    nb = attacked["graded"].notebook("cheat_rebind", SOURCE.stem)
     text = cell_output(nb, "test_save_once_only_rank0_writes")
     assert "its answer cell was not run during grading: line 2: an assignment" in text
 
 
 def test_a_result_that_would_run_code_when_loaded_is_refused(attacked):
     assert _lost(attacked, "cheat_reduce") == AVERAGE
-    nb = attacked["course"] / "autograded" / "cheat_reduce" / "beginner" / SOURCE.name
+    nb = attacked["graded"].notebook("cheat_reduce", SOURCE.stem)
     text = cell_output(nb, "test_combined_average_same_on_every_worker")
     assert "combined_average() returned <Boom>" in text  # described in the rank, never loaded here
 
@@ -230,7 +230,7 @@ def test_an_answer_that_swallows_interrupts_costs_only_its_own_tests(attacked):
 
 def test_output_is_capped_in_bytes(attacked):
     assert _lost(attacked, "huge_output") == AVERAGE
-    nb = attacked["course"] / "autograded" / "huge_output" / "beginner" / SOURCE.name
+    nb = attacked["graded"].notebook("huge_output", SOURCE.stem)
     assert nb.stat().st_size < 2_000_000
     assert "ValueError" in cell_output(nb, "test_combined_average_same_on_every_worker")
 

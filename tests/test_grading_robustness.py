@@ -100,8 +100,7 @@ def test_no_answer_stalls_the_grader_or_earns_a_false_pass(tmp_path):
                  *tmp.glob(f"course-grading-*/**/left_behind_{token}.txt")]
     assert not leftovers, f"an answer's file outlived grading: {leftovers}"
 
-    died = nbformat.read(graded.course / "autograded" / "kernel_killed" / "beginner" / source.name,
-                         as_version=4)
+    died = nbformat.read(graded.notebook("kernel_killed", source.stem), as_version=4)
     messages = [o.get("evalue", "") for c in died.cells for o in c.get("outputs", [])
                 if o.get("output_type") == "error"]
     assert any("the kernel died while running this cell" in m for m in messages), messages
