@@ -37,7 +37,8 @@ from traitlets import Unicode
 
 from nbconvert.preprocessors import Preprocessor
 
-__all__ = ["SanitizeSubmission", "clean", "learner_markdown", "policy", "with_csp", "template_dirs", "nbgrader_template", "TEMPLATE"]
+__all__ = ["SanitizeSubmission", "clean", "learner_markdown", "policy", "with_csp", "template_dirs",
+           "nbgrader_template", "TEMPLATE"]
 
 TEMPLATE = "course_safe"
 TAGS = {"a", "abbr", "b", "blockquote", "br", "code", "dd", "del", "div", "dl", "dt", "em", "h1",

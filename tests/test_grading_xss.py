@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import http.server
-import json
 import threading
 from pathlib import Path
 
