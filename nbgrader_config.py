@@ -52,6 +52,19 @@ c.CourseExecute.max_output_bytes = 1_000_000
 c.LimitOutput.max_lines = 500
 c.LimitOutput.max_traceback = 60
 
+# What a learner wrote is shown, never run (course_tools/sanitize.py): the feedback page and the
+# formgrader's submission view are both this exporter's renderings of the autograded notebook, so
+# its preprocessor cleans the learner's markdown, raw cells, attachments, outputs and metadata
+# (the instructor's cells stay as released), and its template puts a Content-Security-Policy
+# first in the page's <head> (inline script only the template's own, by hash).
+from course_tools.sanitize import TEMPLATE, template_dirs  # noqa: E402
+
+c.HTMLExporter.preprocessors = ["course_tools.sanitize.SanitizeSubmission"]
+c.HTMLExporter.template_name = TEMPLATE
+c.HTMLExporter.extra_template_basedirs = template_dirs()
+c.HTMLExporter.filters = {"course_csp": "course_tools.sanitize.with_csp",
+                          "nbgrader_template": "course_tools.sanitize.nbgrader_template"}
+
 # Feedback shows that a hidden test failed and its message, never the hidden test's source.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
