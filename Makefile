@@ -15,7 +15,7 @@ DEPTH ?= developer
 PYTEST_ARGS ?= -n 3 --durations=15
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help setup lab test course release bench check browser-deps sandbox-deps learner-bundle clean
+.PHONY: help setup lab test course release bench check browser-deps sandbox-deps learner-bundle site node-deps clean
 
 help:
 	@echo "make lab        set up .venv and open JupyterLab at the start notebook"
@@ -25,6 +25,7 @@ help:
 	@echo "make check      grade your own copy: make check DEPTH=developer"
 	@echo "make learner-bundle  the learners' copy of the course (no solutions/) in build/learner"
 	@echo "make bench      benchmarks (pool start-up, grading time, lint time)"
+	@echo "make site       every learner notebook executed (cached) into the MyST project build/site-src"
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is needed, found " + sys.version.split()[0] + ": run make PYTHON=/path/to/python3.11")'
@@ -78,6 +79,21 @@ learner-bundle: $(STAMP)
 
 check: $(STAMP)
 	$(BIN)/python -m course_tools.selfcheck $(DEPTH)
+
+# The site's pinned npm tools (mystmd, axe-core): site/package-lock.json, installed with npm ci.
+SITE_NODE := site/node_modules/.installed
+node-deps:
+	@command -v npm >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; \
+		else echo "make site needs Node.js 18 or newer and npm (sudo apt-get install nodejs npm)"; exit 1; fi; }
+
+$(SITE_NODE): site/package.json site/package-lock.json | node-deps
+	npm ci --prefix site --no-audit --no-fund --loglevel=error
+	@touch $@
+
+site: $(STAMP) $(SITE_NODE)
+	$(BIN)/python -m course_tools.site
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -1,0 +1,348 @@
+"""`make site`: the course as a website, built with Jupyter Book 2 (the MyST toolchain) into build/site/.
+
+Steps, each one a function the tests reuse:
+
+1. :func:`execute_all` runs every learner notebook (``notebooks/``) with papermill at the CI sizes
+   (``QUICK=True``, as ``make course QUICK=1``), from its own folder. An execution is cached in
+   ``build/site-cache/`` under a key made of the notebook's bytes, the bytes of every file of
+   ``helpers/`` and of the files beside the notebook: an unchanged lesson is not run again.
+   In an exercises notebook the learner's answers are empty, so the graded cells are allowed to
+   fail and their outputs are dropped: the page shows the exercise as the learner gets it.
+2. :func:`page` turns an executed notebook into the page's notebook: papermill's injected
+   parameters cell becomes a note saying the page ran at the smallest sizes, each widget's output
+   is replaced by what it drew (a widget cannot run on a static page), and a first cell links to
+   the lesson on the course's JupyterHub (an nbgitpuller link) and to the notebook's download.
+3. :func:`write_project` writes the MyST project (``myst.yml`` with the pages in the course's
+   order, the landing page from the README's depth table) and :func:`build_html` runs
+   ``myst build --html`` from the locally installed MyST and theme (``site/``, installed by
+   ``make site`` with ``npm ci``: nothing is downloaded at build time).
+
+Where the launch links point is set here, in :data:`HUB`, or by the environment variables it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import nbformat
+
+from course_tools import ROOT, is_answer_cell, is_graded_cell
+
+#: The course's JupyterHub and repository, for the launch links (nbgitpuller). Each can be set
+#: by the environment variable of the same name (e.g. SITE_HUB_URL=https://hub.example.edu).
+HUB = {
+    "SITE_HUB_URL": "https://hub.example.edu",
+    "SITE_REPO": "https://github.com/example/one-rank-course",
+    "SITE_BRANCH": "main",
+}
+SITE_DIR = ROOT / "site"            # the pinned MyST toolchain and theme (package.json, lock files)
+BUILD = ROOT / "build"
+CACHE = BUILD / "site-cache"
+PROJECT = BUILD / "site-src"
+OUT = BUILD / "site"
+#: Bump when what is cached changes shape (a new step below), so old entries are not reused.
+CACHE_VERSION = "1"
+CELL_TIMEOUT = 600
+
+
+def hub() -> dict:
+    return {k: os.environ.get(k, v) for k, v in HUB.items()}
+
+
+def lessons(root: Path = ROOT) -> list[Path]:
+    """The learner notebooks in the course's order: start, then each depth (paths relative to root)."""
+    from course_tools import depths
+
+    order = sorted(depths(root, "notebooks"), key=lambda d: (d != "start", d))
+    return [p.relative_to(root) for d in order for p in sorted((root / "notebooks" / d).glob("*.ipynb"))]
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and ".ipynb_checkpoints" not in p.parts)
+
+
+def cache_key(notebook: Path, root: Path = ROOT) -> str:
+    """What the executed page depends on: the notebook, the files beside it, helpers/, the sizes."""
+    h = hashlib.sha256(f"v{CACHE_VERSION} quick".encode())
+    for path in [notebook, *_files(notebook.parent), *_files(root / "helpers")]:
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def _graded(cell) -> bool:
+    return is_answer_cell(cell) or is_graded_cell(cell)
+
+
+def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE) -> tuple[Path, str, float]:
+    """The executed notebook (from the cache if its key is there), 'cached' or 'ran', seconds."""
+    import papermill as pm
+
+    rel = notebook.relative_to(root)
+    out = cache / rel.parent / f"{rel.stem}.{cache_key(notebook, root)}.ipynb"
+    if out.exists():
+        return out, "cached", 0.0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for old in out.parent.glob(f"{rel.stem}.*.ipynb"):
+        old.unlink()                     # one entry per notebook: the cache does not grow
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:                # the learner's empty answers fail: run on past them
+        if _graded(cell):
+            cell.metadata.setdefault("tags", []).append("raises-exception")
+    source = out.with_suffix(".in.ipynb")
+    nbformat.write(nb, source)
+    t0 = time.monotonic()
+    env = {"PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::DeprecationWarning")}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    partial = out.with_suffix(".partial.ipynb")
+    try:
+        try:
+            pm.execute_notebook(str(source), str(partial), parameters={"QUICK": True},
+                                cwd=str(notebook.parent), kernel_name="python3",
+                                execution_timeout=CELL_TIMEOUT, progress_bar=False, log_output=False)
+        except pm.PapermillExecutionError:
+            # papermill raises for any error output, also in the graded cells it ran past
+            bad = errors_outside_graded(nbformat.read(partial, as_version=4))
+            if bad:
+                raise RuntimeError(f"{rel} fails outside its graded cells: {bad}") from None
+        partial.rename(out)              # only a finished run is cached
+    finally:
+        source.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return out, "ran", time.monotonic() - t0
+
+
+def errors_outside_graded(nb) -> list[str]:
+    """Cells other than the learner's answers and their tests whose output is an error."""
+    return [f"cell {i}: {o.get('ename')}: {o.get('evalue')}" for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and not _graded(c)
+            for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+# ----------------------------------------------------------------------------- the page
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+QUICK_NOTE = ("*On this page the notebook was run with `QUICK = True`: the smallest sizes, the ones "
+              "the course's tests run. Open it on the hub to run it at full size and move the "
+              "widgets.*")
+
+
+def launch_url(rel: Path, cfg: dict | None = None) -> str:
+    """An nbgitpuller link: the hub clones (or updates) the course and opens ``rel`` in JupyterLab."""
+    cfg = cfg or hub()
+    repo = cfg["SITE_REPO"].rstrip("/")
+    folder = repo.rsplit("/", 1)[-1].removesuffix(".git")
+    query = urllib.parse.urlencode({"repo": repo, "branch": cfg["SITE_BRANCH"],
+                                    "urlpath": f"lab/tree/{folder}/{rel.as_posix()}"})
+    return f"{cfg['SITE_HUB_URL'].rstrip('/')}/hub/user-redirect/git-pull?{query}"
+
+
+def _widget_outputs(model_id: str, state: dict, seen=None) -> list:
+    """The outputs a widget shows: an Output widget's own, and those of the widgets it holds."""
+    seen = seen if seen is not None else set()
+    if model_id in seen or model_id not in state:
+        return []
+    seen.add(model_id)
+    model = state[model_id]
+    found = list(model.get("state", {}).get("outputs", [])) if model.get("model_name") == "OutputModel" else []
+    for child in model.get("state", {}).get("children", []):
+        if isinstance(child, str) and child.startswith("IPY_MODEL_"):
+            found += _widget_outputs(child.removeprefix("IPY_MODEL_"), state, seen)
+    return found
+
+
+def _static(outputs: list, state: dict) -> list:
+    """Each widget view replaced by what its Output widgets drew (figures, text); controls dropped."""
+    result = []
+    for out in outputs:
+        data = out.get("data", {})
+        if WIDGET_VIEW not in data:
+            result.append(out)
+            continue
+        drawn = _widget_outputs(data[WIDGET_VIEW]["model_id"], state)
+        result += [nbformat.from_dict(o) for o in drawn]
+    return result
+
+
+def page(executed: Path, rel: Path, cfg: dict | None = None):
+    """The notebook the site shows for the learner notebook ``rel`` executed into ``executed``."""
+    nb = nbformat.read(executed, as_version=4)
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    cells = []
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if "injected-parameters" in tags:
+            cells.append(nbformat.v4.new_markdown_cell(QUICK_NOTE))
+            continue
+        cell = copy.deepcopy(cell)
+        if cell.cell_type == "code":
+            if _graded(cell):
+                cell.outputs = []        # as the learner gets it: nothing run yet
+            else:
+                cell.outputs = _static(cell.outputs, state)
+            cell.metadata.pop("papermill", None)
+            cell.metadata["tags"] = [t for t in tags if t != "raises-exception"]
+        cells.append(cell)
+    links = (f"[Open this lesson on the course's JupyterHub]({launch_url(rel, cfg)}) · "
+             f"{{download}}`Download the notebook <../downloads/{rel.parent.name}/{rel.name}>`")
+    first_heading = next((i for i, c in enumerate(cells) if c.cell_type == "markdown"
+                          and c.source.lstrip().startswith("# ")), -1)
+    cells.insert(first_heading + 1, nbformat.v4.new_markdown_cell(links))
+    nb.cells = cells
+    nb.metadata.pop("widgets", None)
+    nb.metadata.pop("papermill", None)
+    return nb
+
+
+# ----------------------------------------------------------------------------- the project
+
+def depth_table(readme: str) -> str:
+    """The README's table of depths (the lines from its header row to the blank line after it)."""
+    lines = readme.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("| depth |"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def landing(readme: str, pages: list[Path]) -> str:
+    """The landing page: the course's title and pitch, and the depth table with links to pages."""
+    title = readme.splitlines()[0].lstrip("# ").strip()
+    table = depth_table(readme)
+    for depth in ("beginner", "developer", "researcher"):
+        first = next((p for p in pages if p.parts[1] == depth), None)
+        if first is not None:
+            table = table.replace(f"[{depth}](notebooks/{depth}/)",
+                                  f"[{depth}]({first.relative_to('notebooks').as_posix()})")
+    start = next(p for p in pages if p.parts[1] == "start").relative_to("notebooks")
+    return (f"---\ntitle: {title}\n---\n\n"
+            "An interactive course on one practical topic of distributed PyTorch training: saving and "
+            "logging from one rank only. Every page is a notebook with its outputs; each lesson "
+            "opens on the course's JupyterHub from its first lines.\n\n"
+            f"Start with [the start notebook]({start.as_posix()}), then pick one depth:\n\n"
+            f"{table}\n")
+
+
+def write_project(pages: dict[Path, object], project: Path = PROJECT, root: Path = ROOT) -> Path:
+    """The MyST project: index.md, the pages' notebooks (and their downloads), myst.yml."""
+    if project.exists():
+        shutil.rmtree(project)
+    project.mkdir(parents=True)
+    order = list(pages)
+    (project / "index.md").write_text(landing((root / "README.md").read_text(), order))
+    toc = ["    - file: index.md"]
+    by_depth: dict[str, list[Path]] = {}
+    for rel in order:
+        by_depth.setdefault(rel.parts[1], []).append(rel)
+    for depth, rels in by_depth.items():
+        toc.append(f"    - title: {depth.capitalize()}\n      children:")
+        toc += [f"        - file: {r.relative_to('notebooks').as_posix()}" for r in rels]
+    for rel, nb in pages.items():
+        dest = project / rel.relative_to("notebooks")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, dest)
+        # the download: the learner's notebook as committed (no outputs)
+        download = project / "downloads" / rel.parent.name / rel.name
+        download.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / rel, download)
+    (project / "myst.yml").write_text(
+        "version: 1\nproject:\n  title: Saving and logging from one rank only\n"
+        "  exclude: ['downloads/**']\n  toc:\n" + "\n".join(toc) + "\n"
+        + "site:\n" + (f"  template: {THEME}\n" if theme_installed() else "  options: {}\n"))
+    return project
+
+
+def myst_bin(site_dir: Path = SITE_DIR) -> Path:
+    path = site_dir / "node_modules" / ".bin" / "myst"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `make site` (it installs the pinned MyST "
+                                "toolchain with npm ci into site/node_modules)")
+    return path
+
+
+THEME = SITE_DIR / "theme"
+
+
+def theme_installed(theme: Path = THEME) -> bool:
+    """A built MyST site theme (template.yml and its server build) in ``site/theme``."""
+    return (theme / "template.yml").exists() and (theme / "build" / "index.js").exists()
+
+
+def build_html(project: Path = PROJECT, out: Path = OUT) -> tuple[str, float]:
+    """``myst build --site`` (every page parsed, its AST and outputs written to
+    ``_build/site/content``), then ``--html`` into ``out`` when a local theme is installed.
+
+    MyST 1.8.3 fetches its book theme from the network for ``--html``; without a local theme the
+    step stops after the content, and says so.
+    """
+    t0 = time.monotonic()
+    html = theme_installed()
+    proc = subprocess.run([str(myst_bin()), "build", "--html" if html else "--site"], cwd=project,
+                          env=dict(os.environ, BASE_URL=os.environ.get("BASE_URL", "")),
+                          capture_output=True, text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    (project / "myst-build.log").write_text(log)
+    built = re.search(r"Built (\d+) pages? for project", log)
+    if not html:
+        # MyST parses every page and writes its content, then asks the network for its theme
+        fetch = "Querying template metadata" in log
+        if not built or (proc.returncode != 0 and not fetch):
+            raise RuntimeError(f"myst build --site failed ({proc.returncode}):\n{log}")
+        flagged = sorted({l.strip() for l in log.splitlines() if l.startswith(("⛔", "⚠"))})
+        return (f"{built.group(1)} pages' content in {project / '_build/site/content'}; "
+                f"no HTML: no local theme in site/theme (see the README); MyST flagged "
+                f"{len(flagged)} problems, listed in {project / 'myst-build.log'}"), time.monotonic() - t0
+    if proc.returncode != 0 or not built:
+        raise RuntimeError(f"myst build --html failed ({proc.returncode}):\n{log}")
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(project / "_build" / "html", out)
+    return f"html in {out}", time.monotonic() - t0
+
+
+def build(root: Path = ROOT, cache: Path = CACHE, project: Path = PROJECT, out: Path = OUT,
+          log=print) -> dict:
+    """Execute (or take from the cache) every learner notebook, write the project, build the site.
+
+    Returns what happened: per notebook 'ran'/'cached' and seconds, and the HTML build's seconds.
+    """
+    report, pages = {"notebooks": {}}, {}
+    for rel in lessons(root):
+        executed, how, seconds = execute(root / rel, root, cache)
+        nb = nbformat.read(executed, as_version=4)
+        bad = errors_outside_graded(nb)
+        if bad:
+            raise RuntimeError(f"{rel} fails outside its graded cells: {bad}")
+        pages[rel] = page(executed, rel)
+        report["notebooks"][str(rel)] = {"how": how, "seconds": round(seconds, 1)}
+        log(f"{str(rel):<55} {how:>6} {seconds:7.1f} s")
+    write_project(pages, project, root)
+    what, seconds = build_html(project, out)
+    report["myst"], report["myst_seconds"] = what, round(seconds, 1)
+    log(f"{'myst build':<55} {seconds:14.1f} s  {what}")
+    return report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT, help="where the static site goes")
+    args = ap.parse_args(argv)
+    build(out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
