@@ -124,6 +124,6 @@ def test_lesson_ends_with_review_questions_answers_collapsed(path):
     questions = re.findall(r"<details>\s*<summary>", text)
     assert 3 <= len(questions) <= 5, f"{rel(path)}: {len(questions)} review questions, want 3 to 5"
     assert "<details open" not in text, f"{rel(path)}: a review answer is open from the start"
-    later = [c for c in cells[review[-1] + 1:] if c.cell_type == "markdown"]
-    assert all(re.search(r"^## Appendix", c.source, re.M) or not re.search(r"^## ", c.source, re.M)
-               for c in later), f"{rel(path)}: only an appendix may follow the review"
+    later = cells[review[-1] + 1:]
+    assert not any(c.cell_type == "code" or re.search(r"^## ", c.source, re.M) for c in later), \
+        f"{rel(path)}: the lesson must end on its review; move what follows it (an appendix, a demo) before it"
