@@ -110,6 +110,7 @@ class Scope:
     cls: ast.ClassDef | None = None    # the class, for a method
     assigns: dict = field(default_factory=dict)   # name -> [value node or None]
     params: set = field(default_factory=set)
+    loop_iters: dict = field(default_factory=dict)  # loop variable -> [what it iterates over]
 
     @property
     def body(self):
@@ -210,6 +211,8 @@ class Program:
         self.scope_of: dict[int, Scope] = {}
         self.functions: dict[str, list[Scope]] = {}
         self.class_assigns: dict[int, dict] = {}
+        self.value_scope: dict[int, Scope] = {}      # a `self.x = v` value -> the method it is in
+        self.classes: dict[str, list[ast.ClassDef]] = {}
         self._collect_imports()
         self._collect_scopes(module, None, None)
         self._kind_cache: dict = {}
@@ -252,6 +255,8 @@ class Program:
                 _targets(n.target, n.value, scope.assigns)
             elif isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)):
                 _targets(n.target, None, scope.assigns)
+                if isinstance(n.target, ast.Name):
+                    scope.loop_iters.setdefault(n.target.id, []).append(n.iter)
             elif isinstance(n, ast.withitem) and n.optional_vars is not None:
                 _targets(n.optional_vars, n.context_expr, scope.assigns)
         if cls is not None:
@@ -259,10 +264,14 @@ class Program:
             for k, v in scope.assigns.items():
                 if k.startswith("self."):
                     ca.setdefault(k, []).extend(v)
+                    for x in v:
+                        if x is not None:
+                            self.value_scope[id(x)] = scope
         for n in _own(node):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self._collect_scopes(n, scope, None)
             elif isinstance(n, ast.ClassDef):
+                self.classes.setdefault(n.name, []).append(n)
                 for m in n.body:
                     if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         self._collect_scopes(m, scope, n)
@@ -295,6 +304,78 @@ class Program:
             if name in s.assigns:
                 return s.assigns[name], False
             s = s.parent
+        return None
+
+    def loop_iterables(self, name: str, scope: Scope) -> list | None:
+        s = scope
+        while s is not None:
+            if name in s.params:
+                return None
+            if name in s.assigns:
+                return s.loop_iters.get(name) if all(v is None for v in s.assigns[name]) else None
+            s = s.parent
+        return None
+
+    def call_sites(self, fn: Scope) -> list[tuple[ast.Call, Scope, bool]]:
+        """Where this file calls ``fn``: (call, calling scope, is a spawn whose first argument is the rank).
+
+        A method is reached through ``self.m(...)`` in its class; ``__init__`` through ``Cls(...)``.
+        """
+        sites = self.__dict__.setdefault("_sites", None)
+        if sites is None:
+            sites = self._sites = {}
+            for sc in self.scopes:
+                for n in _own(sc.node):
+                    if not isinstance(n, ast.Call):
+                        continue
+                    for f in self.resolve_functions(n, sc):
+                        sites.setdefault(id(f), []).append((n, sc, False))
+                    if isinstance(n.func, ast.Name) and n.func.id in self.classes and n.func.id not in self.aliases:
+                        for c in self.classes[n.func.id]:
+                            for m in self.functions.get("__init__", []):
+                                if m.cls is c:
+                                    sites.setdefault(id(m), []).append((n, sc, False))
+                    if (self.qualname(n.func) or "") in SPAWNERS and n.args and isinstance(n.args[0], ast.Name):
+                        for f in self.functions.get(n.args[0].id, []):
+                            sites.setdefault(id(f), []).append((n, sc, True))
+        return sites.get(id(fn), [])
+
+    def param_kind(self, name: str, fn: Scope, depth: int = 0):
+        """What a parameter is, from every call of its function in this file (a few calls deep).
+
+        ``mp.spawn(main, ...)`` hands ``main`` the rank as its first argument; ``Trainer(model, rank)``
+        hands ``__init__``'s second parameter whatever ``rank`` is at the call.
+        """
+        node = fn.node
+        params = [a.arg for a in node.args.posonlyargs + node.args.args]
+        if fn.cls is not None and params[:1] == ["self"]:
+            params = params[1:]
+        if name not in params or depth > 3:
+            return None
+        i = params.index(name)
+        kinds = []
+        for call, caller, spawned in self.call_sites(fn):
+            if spawned:
+                kinds.append(("rank",) if i == 0 else None)
+                continue
+            arg = next((k.value for k in call.keywords if k.arg == name), None)
+            if arg is None and any(isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+                return None
+            if arg is None and i < len(call.args):
+                arg = call.args[i]
+            if arg is None:
+                return None
+            if isinstance(arg, ast.Name) and caller.node is not self.module:
+                found = self.values_of(arg.id, caller)
+                if found and found[1]:
+                    owner = caller
+                    while owner is not None and arg.id not in owner.params:
+                        owner = owner.parent
+                    kinds.append(self.param_kind(arg.id, owner, depth + 1) if owner else None)
+                    continue
+            kinds.append(self.kind(arg, caller))
+        if kinds and all(k == kinds[0] for k in kinds) and kinds[0] is not None and kinds[0][0] == "rank":
+            return kinds[0]
         return None
 
     def resolve_functions(self, call: ast.Call, scope: Scope) -> list[Scope]:
@@ -399,9 +480,14 @@ class Program:
         if found is None:
             return None
         values, is_param = found
-        if is_param or not values or any(v is None or isinstance(v, ast.AugAssign) for v in values):
+        if is_param and "." not in name:
+            owner = scope
+            while owner is not None and name not in owner.params:
+                owner = owner.parent
+            return self.param_kind(name, owner) if owner is not None and owner.node is not self.module else None
+        if not values or any(v is None or isinstance(v, ast.AugAssign) for v in values):
             return None
-        kinds = [self.kind(v, scope) for v in values]
+        kinds = [self.kind(v, self.value_scope.get(id(v), scope)) for v in values]
         if all(k == kinds[0] for k in kinds) and kinds[0] is not None and kinds[0][0] != "const":
             return kinds[0]
         if any(k and k[0] in ("rank", "bool") for k in kinds):
@@ -665,10 +751,29 @@ class Facts:
         if isinstance(e, (ast.Name, ast.Attribute)):
             d = dotted(e) or ""
             found = self.prog.values_of(d, scope) if isinstance(e, ast.Name) or d.startswith("self.") else None
+            if isinstance(e, ast.Name) and depth < 3:
+                iters = self.prog.loop_iterables(e.id, scope)
+                if iters and all(self._iterates_paths(it, scope, depth + 1) for it in iters):
+                    return True        # `for name in ("last.pt", "best.pt"): torch.save(obj, name)`
             if found and found[0] and not found[1]:
                 return depth < 3 and any(v is not None and not isinstance(v, ast.AugAssign)
                                          and self.pathlike(v, scope, depth + 1) for v in found[0])
             return bool(_identifier_words(d.split(".")[-1]) & PATH_WORDS)
+        return False
+
+    def _iterates_paths(self, it, scope, depth) -> bool:
+        """Does iterating over ``it`` give paths (a literal list of them, a glob, a path-named list)?"""
+        if isinstance(it, (ast.Tuple, ast.List, ast.Set)):
+            return bool(it.elts) and all(self.pathlike(x, scope, depth) for x in it.elts)
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and \
+                it.func.attr in ("glob", "rglob", "iterdir"):
+            return True
+        if isinstance(it, ast.Call) and (self.prog.qualname(it.func) or "") in ("glob.glob", "os.listdir"):
+            return True
+        if isinstance(it, ast.Name):
+            found = self.prog.values_of(it.id, scope)
+            if found and found[0] and not found[1] and all(v is not None for v in found[0]):
+                return all(self._iterates_paths(v, scope, depth + 1) for v in found[0]) if depth < 3 else False
         return False
 
     def _per_process(self, expr, scope, depth=0) -> bool:
