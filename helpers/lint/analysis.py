@@ -48,9 +48,9 @@ COLLECTIVES = {
     "all_to_all_single", "new_group",
 }
 DCP_COLLECTIVES = {"save", "load", "async_save", "save_state_dict", "load_state_dict"}
-ACCELERATE_COLLECTIVES = {"wait_for_everyone", "gather", "gather_for_metrics", "reduce"}
+ACCELERATE_COLLECTIVES = {"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "check_trigger"}
 REDUCERS = {"all_reduce", "reduce", "all_gather", "all_gather_object", "gather", "gather_object",
-            "all_gather_into_tensor", "reduce_scatter", "gather_for_metrics"}
+            "all_gather_into_tensor", "reduce_scatter", "gather_for_metrics", "check_trigger"}
 DIST_SETUP = {"torch.distributed.init_process_group", "torch.nn.parallel.DistributedDataParallel",
               "torch.distributed.fsdp.FullyShardedDataParallel", "torch.distributed.fsdp.fully_shard",
               "torch.distributed._composable.fsdp.fully_shard", "accelerate.Accelerator",
@@ -58,6 +58,7 @@ DIST_SETUP = {"torch.distributed.init_process_group", "torch.nn.parallel.Distrib
 SPAWNERS = {"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
             "helpers.spawn.run", "accelerate.notebook_launcher"}
 
+RANK_SPAWNERS = {"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"}  # fn(rank, *args)
 RANK_ENV = {"RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK",
             "PMI_RANK"}
 RANK_FUNCS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank", "get_ordinal",
@@ -335,7 +336,7 @@ class Program:
                             for m in self.functions.get("__init__", []):
                                 if m.cls is c:
                                     sites.setdefault(id(m), []).append((n, sc, False))
-                    if (self.qualname(n.func) or "") in SPAWNERS and n.args and isinstance(n.args[0], ast.Name):
+                    if (self.qualname(n.func) or "") in RANK_SPAWNERS and n.args and isinstance(n.args[0], ast.Name):
                         for f in self.functions.get(n.args[0].id, []):
                             sites.setdefault(id(f), []).append((n, sc, True))
         return sites.get(id(fn), [])
@@ -1227,6 +1228,9 @@ class Analysis:
         return out
 
     def _is_reducer(self, call, s) -> bool:
+        q = self.prog.qualname(call.func) or ""
+        if q.startswith("torch.") and not q.startswith("torch.distributed"):
+            return False          # torch.gather, Tensor ops: this rank's own tensors, not a collective
         c = self.facts.collective(call, s)
         if c and c.rsplit(".", 1)[-1] in REDUCERS:
             return True
@@ -1248,7 +1252,8 @@ class Analysis:
         reduced = self._reduced_names(s)
         backward = set()
         for n in _own(s.node):
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward" \
+                    and not n.args:                                   # loss.backward(), not accelerator.backward(loss)
                 inner = n.func.value
                 if isinstance(inner, ast.Call) and inner.args:        # scaler.scale(loss).backward()
                     inner = inner.args[0]
@@ -1282,6 +1287,8 @@ class Analysis:
                     return False
                 q = self.prog.qualname(x.func) or dotted(x.func) or ""
                 last = x.func.attr if isinstance(x.func, ast.Attribute) else q.rsplit(".", 1)[-1]
+                if q.startswith("torch.nn.") and last[:1].isupper():
+                    continue      # nn.CrossEntropyLoss(): builds a loss module, not a loss value
                 if LOSS_CALL_RE.search(last) and not last.startswith(("get_", "estimate", "compute", "eval")):
                     if any(f for f in self.prog.resolve_functions(x, s)):
                         if not self._returns_local(x, s):

@@ -285,7 +285,9 @@ class _Script:
             f = st.value.func
             if not (isinstance(f, ast.Attribute) and f.attr == "backward"):
                 continue
-            if isinstance(f.value, ast.Name):
+            if st.value.args and isinstance(st.value.args[0], ast.Name):
+                loss = st.value.args[0].id                # accelerator.backward(loss)
+            elif isinstance(f.value, ast.Name):
                 loss = f.value.id
             elif isinstance(f.value, ast.Call) and f.value.args and isinstance(f.value.args[0], ast.Name):
                 loss = f.value.args[0].id                 # scaler.scale(loss).backward()
@@ -365,6 +367,9 @@ def _first(items, n=1):
 
 def inject(source: str) -> list[Mutant]:
     """Every mutant this script allows: each rule's mistake in each form, at the first sensible site."""
+    if not re.search(r"torch\.distributed|init_process_group|DistributedDataParallel|\bDDP\(|Accelerator\(|"
+                     r"fully_shard|FSDP\(", source):
+        return []          # a single-process script: a rank's own value is the run's, nothing to inject
     s = _Script(source)
     out: list[Mutant] = []
     d = s.dist
