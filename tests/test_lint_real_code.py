@@ -84,3 +84,18 @@ CASES = {
 def test_real_code_shapes(name):
     source = textwrap.dedent(CASES[name])
     assert found(source) == expected(source)
+
+
+def test_an_ork101_finding_names_the_line_of_the_guard_it_reasons_from():
+    from helpers.lint import lint_source
+
+    source = textwrap.dedent("""
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            print("saving")
+            dist.barrier()
+    """)
+    (f,) = lint_source(source)
+    assert f.code == "ORK101" and f.line == 6
+    assert "the branch on the rank at line 4" in f.message and "move it after the if block" in f.message

@@ -1133,7 +1133,19 @@ class Analysis:
                     name = c or text(node.func)
                     after = next((kind for kind, pos in counterpart.exits if pos < _pos(node)), None)
                     only_rank0 = walk is m and id(node) not in o.reached and not after
-                    self.add(node, "ORK101", rules.ork101(name + "()", only_rank0, after, inner))
+                    guard = self._rank_guard_line(node, s)
+                    self.add(node, "ORK101", rules.ork101(name + "()", only_rank0, after, inner, guard))
+
+    def _rank_guard_line(self, node, s) -> int | None:
+        """The line of the innermost `if` on the rank, in this function, that holds ``node``."""
+        best = None
+        for n in own_nodes(s.node):
+            if isinstance(n, ast.If) and _pos(n) < _pos(node) and _end(node) <= _end(n) and \
+                    self.prog.condition(n.test, s, MAIN)[0] and \
+                    any(x is node for b in n.body + n.orelse for x in ast.walk(b)):
+                if best is None or _pos(n) > _pos(best):
+                    best = n
+        return best.lineno if best is not None else None
 
     # -- ORK102 / ORK103
     def ork102_103(self):
