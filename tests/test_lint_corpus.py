@@ -97,3 +97,40 @@ def test_precision_and_recall_match_the_readme():
     readme = (ROOT / "README.md").read_text()
     assert line in readme, f"the README's linter section should say: {line}\n{problems}"
     assert f"{len(CORRECT)} correct scripts and {len(MUTATED)} mutated copies" in readme
+
+
+# ---------------------------------------------------------------- mutants found by the ast (mutate.inject)
+
+def generated():
+    from tests.lint_corpus.score import score
+
+    return score([(p.name, p.read_text()) for p in CORRECT])
+
+
+def test_inject_writes_each_rule_in_several_forms_at_its_marked_line():
+    from tests.lint_corpus.mutate import inject
+
+    forms: dict[str, set[str]] = {}
+    for p in CORRECT:
+        for m in inject(p.read_text()):
+            forms.setdefault(m.code, set()).add(m.form)
+            assert marks(m.source) == {(m.code, m.line)}, (p.name, m.form)
+            stripped = "\n".join(EXPECT.sub("", line) for line in m.source.splitlines()) + "\n"
+            assert lint_source(m.source) == lint_source(stripped)
+    assert set(forms) == {f"ORK10{i}" for i in range(1, 8)}
+    assert all(len(f) >= 2 for f in forms.values()), forms
+
+
+def test_inject_leaves_a_single_process_script_alone():
+    from tests.lint_corpus.mutate import inject
+
+    script = "import torch\nfor step in range(3):\n    loss = model(step)\n    loss.backward()\n"
+    assert inject(script) == []
+
+
+def test_generated_mutants_are_found_and_the_readme_says_so():
+    sc = generated()
+    assert sc.recall >= 0.90, sc.misses
+    assert not [f for f in sc.false_alarms if "untouched" in f[1]], sc.false_alarms
+    assert sc.line("generated mutants of the committed scripts") in (ROOT / "README.md").read_text(), sc.line(
+        "generated mutants of the committed scripts")

@@ -48,9 +48,9 @@ COLLECTIVES = {
     "all_to_all_single", "new_group",
 }
 DCP_COLLECTIVES = {"save", "load", "async_save", "save_state_dict", "load_state_dict"}
-ACCELERATE_COLLECTIVES = {"wait_for_everyone", "gather", "gather_for_metrics", "reduce"}
+ACCELERATE_COLLECTIVES = {"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "check_trigger"}
 REDUCERS = {"all_reduce", "reduce", "all_gather", "all_gather_object", "gather", "gather_object",
-            "all_gather_into_tensor", "reduce_scatter", "gather_for_metrics"}
+            "all_gather_into_tensor", "reduce_scatter", "gather_for_metrics", "check_trigger"}
 DIST_SETUP = {"torch.distributed.init_process_group", "torch.nn.parallel.DistributedDataParallel",
               "torch.distributed.fsdp.FullyShardedDataParallel", "torch.distributed.fsdp.fully_shard",
               "torch.distributed._composable.fsdp.fully_shard", "accelerate.Accelerator",
@@ -58,6 +58,7 @@ DIST_SETUP = {"torch.distributed.init_process_group", "torch.nn.parallel.Distrib
 SPAWNERS = {"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
             "helpers.spawn.run", "accelerate.notebook_launcher"}
 
+RANK_SPAWNERS = {"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"}  # fn(rank, *args)
 RANK_ENV = {"RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK",
             "PMI_RANK"}
 RANK_FUNCS = {"get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank", "get_ordinal",
@@ -110,6 +111,7 @@ class Scope:
     cls: ast.ClassDef | None = None    # the class, for a method
     assigns: dict = field(default_factory=dict)   # name -> [value node or None]
     params: set = field(default_factory=set)
+    loop_iters: dict = field(default_factory=dict)  # loop variable -> [what it iterates over]
 
     @property
     def body(self):
@@ -210,6 +212,8 @@ class Program:
         self.scope_of: dict[int, Scope] = {}
         self.functions: dict[str, list[Scope]] = {}
         self.class_assigns: dict[int, dict] = {}
+        self.value_scope: dict[int, Scope] = {}      # a `self.x = v` value -> the method it is in
+        self.classes: dict[str, list[ast.ClassDef]] = {}
         self._collect_imports()
         self._collect_scopes(module, None, None)
         self._kind_cache: dict = {}
@@ -252,6 +256,8 @@ class Program:
                 _targets(n.target, n.value, scope.assigns)
             elif isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)):
                 _targets(n.target, None, scope.assigns)
+                if isinstance(n.target, ast.Name):
+                    scope.loop_iters.setdefault(n.target.id, []).append(n.iter)
             elif isinstance(n, ast.withitem) and n.optional_vars is not None:
                 _targets(n.optional_vars, n.context_expr, scope.assigns)
         if cls is not None:
@@ -259,10 +265,14 @@ class Program:
             for k, v in scope.assigns.items():
                 if k.startswith("self."):
                     ca.setdefault(k, []).extend(v)
+                    for x in v:
+                        if x is not None:
+                            self.value_scope[id(x)] = scope
         for n in _own(node):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self._collect_scopes(n, scope, None)
             elif isinstance(n, ast.ClassDef):
+                self.classes.setdefault(n.name, []).append(n)
                 for m in n.body:
                     if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         self._collect_scopes(m, scope, n)
@@ -295,6 +305,78 @@ class Program:
             if name in s.assigns:
                 return s.assigns[name], False
             s = s.parent
+        return None
+
+    def loop_iterables(self, name: str, scope: Scope) -> list | None:
+        s = scope
+        while s is not None:
+            if name in s.params:
+                return None
+            if name in s.assigns:
+                return s.loop_iters.get(name) if all(v is None for v in s.assigns[name]) else None
+            s = s.parent
+        return None
+
+    def call_sites(self, fn: Scope) -> list[tuple[ast.Call, Scope, bool]]:
+        """Where this file calls ``fn``: (call, calling scope, is a spawn whose first argument is the rank).
+
+        A method is reached through ``self.m(...)`` in its class; ``__init__`` through ``Cls(...)``.
+        """
+        sites = self.__dict__.setdefault("_sites", None)
+        if sites is None:
+            sites = self._sites = {}
+            for sc in self.scopes:
+                for n in _own(sc.node):
+                    if not isinstance(n, ast.Call):
+                        continue
+                    for f in self.resolve_functions(n, sc):
+                        sites.setdefault(id(f), []).append((n, sc, False))
+                    if isinstance(n.func, ast.Name) and n.func.id in self.classes and n.func.id not in self.aliases:
+                        for c in self.classes[n.func.id]:
+                            for m in self.functions.get("__init__", []):
+                                if m.cls is c:
+                                    sites.setdefault(id(m), []).append((n, sc, False))
+                    if (self.qualname(n.func) or "") in RANK_SPAWNERS and n.args and isinstance(n.args[0], ast.Name):
+                        for f in self.functions.get(n.args[0].id, []):
+                            sites.setdefault(id(f), []).append((n, sc, True))
+        return sites.get(id(fn), [])
+
+    def param_kind(self, name: str, fn: Scope, depth: int = 0):
+        """What a parameter is, from every call of its function in this file (a few calls deep).
+
+        ``mp.spawn(main, ...)`` hands ``main`` the rank as its first argument; ``Trainer(model, rank)``
+        hands ``__init__``'s second parameter whatever ``rank`` is at the call.
+        """
+        node = fn.node
+        params = [a.arg for a in node.args.posonlyargs + node.args.args]
+        if fn.cls is not None and params[:1] == ["self"]:
+            params = params[1:]
+        if name not in params or depth > 3:
+            return None
+        i = params.index(name)
+        kinds = []
+        for call, caller, spawned in self.call_sites(fn):
+            if spawned:
+                kinds.append(("rank",) if i == 0 else None)
+                continue
+            arg = next((k.value for k in call.keywords if k.arg == name), None)
+            if arg is None and any(isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+                return None
+            if arg is None and i < len(call.args):
+                arg = call.args[i]
+            if arg is None:
+                return None
+            if isinstance(arg, ast.Name) and caller.node is not self.module:
+                found = self.values_of(arg.id, caller)
+                if found and found[1]:
+                    owner = caller
+                    while owner is not None and arg.id not in owner.params:
+                        owner = owner.parent
+                    kinds.append(self.param_kind(arg.id, owner, depth + 1) if owner else None)
+                    continue
+            kinds.append(self.kind(arg, caller))
+        if kinds and all(k == kinds[0] for k in kinds) and kinds[0] is not None and kinds[0][0] == "rank":
+            return kinds[0]
         return None
 
     def resolve_functions(self, call: ast.Call, scope: Scope) -> list[Scope]:
@@ -399,9 +481,14 @@ class Program:
         if found is None:
             return None
         values, is_param = found
-        if is_param or not values or any(v is None or isinstance(v, ast.AugAssign) for v in values):
+        if is_param and "." not in name:
+            owner = scope
+            while owner is not None and name not in owner.params:
+                owner = owner.parent
+            return self.param_kind(name, owner) if owner is not None and owner.node is not self.module else None
+        if not values or any(v is None or isinstance(v, ast.AugAssign) for v in values):
             return None
-        kinds = [self.kind(v, scope) for v in values]
+        kinds = [self.kind(v, self.value_scope.get(id(v), scope)) for v in values]
         if all(k == kinds[0] for k in kinds) and kinds[0] is not None and kinds[0][0] != "const":
             return kinds[0]
         if any(k and k[0] in ("rank", "bool") for k in kinds):
@@ -665,10 +752,29 @@ class Facts:
         if isinstance(e, (ast.Name, ast.Attribute)):
             d = dotted(e) or ""
             found = self.prog.values_of(d, scope) if isinstance(e, ast.Name) or d.startswith("self.") else None
+            if isinstance(e, ast.Name) and depth < 3:
+                iters = self.prog.loop_iterables(e.id, scope)
+                if iters and all(self._iterates_paths(it, scope, depth + 1) for it in iters):
+                    return True        # `for name in ("last.pt", "best.pt"): torch.save(obj, name)`
             if found and found[0] and not found[1]:
                 return depth < 3 and any(v is not None and not isinstance(v, ast.AugAssign)
                                          and self.pathlike(v, scope, depth + 1) for v in found[0])
             return bool(_identifier_words(d.split(".")[-1]) & PATH_WORDS)
+        return False
+
+    def _iterates_paths(self, it, scope, depth) -> bool:
+        """Does iterating over ``it`` give paths (a literal list of them, a glob, a path-named list)?"""
+        if isinstance(it, (ast.Tuple, ast.List, ast.Set)):
+            return bool(it.elts) and all(self.pathlike(x, scope, depth) for x in it.elts)
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and \
+                it.func.attr in ("glob", "rglob", "iterdir"):
+            return True
+        if isinstance(it, ast.Call) and (self.prog.qualname(it.func) or "") in ("glob.glob", "os.listdir"):
+            return True
+        if isinstance(it, ast.Name):
+            found = self.prog.values_of(it.id, scope)
+            if found and found[0] and not found[1] and all(v is not None for v in found[0]):
+                return all(self._iterates_paths(v, scope, depth + 1) for v in found[0]) if depth < 3 else False
         return False
 
     def _per_process(self, expr, scope, depth=0) -> bool:
@@ -1027,7 +1133,19 @@ class Analysis:
                     name = c or text(node.func)
                     after = next((kind for kind, pos in counterpart.exits if pos < _pos(node)), None)
                     only_rank0 = walk is m and id(node) not in o.reached and not after
-                    self.add(node, "ORK101", rules.ork101(name + "()", only_rank0, after, inner))
+                    guard = self._rank_guard_line(node, s)
+                    self.add(node, "ORK101", rules.ork101(name + "()", only_rank0, after, inner, guard))
+
+    def _rank_guard_line(self, node, s) -> int | None:
+        """The line of the innermost `if` on the rank, in this function, that holds ``node``."""
+        best = None
+        for n in own_nodes(s.node):
+            if isinstance(n, ast.If) and _pos(n) < _pos(node) and _end(node) <= _end(n) and \
+                    self.prog.condition(n.test, s, MAIN)[0] and \
+                    any(x is node for b in n.body + n.orelse for x in ast.walk(b)):
+                if best is None or _pos(n) > _pos(best):
+                    best = n
+        return best.lineno if best is not None else None
 
     # -- ORK102 / ORK103
     def ork102_103(self):
@@ -1122,6 +1240,9 @@ class Analysis:
         return out
 
     def _is_reducer(self, call, s) -> bool:
+        q = self.prog.qualname(call.func) or ""
+        if q.startswith("torch.") and not q.startswith("torch.distributed"):
+            return False          # torch.gather, Tensor ops: this rank's own tensors, not a collective
         c = self.facts.collective(call, s)
         if c and c.rsplit(".", 1)[-1] in REDUCERS:
             return True
@@ -1143,7 +1264,8 @@ class Analysis:
         reduced = self._reduced_names(s)
         backward = set()
         for n in _own(s.node):
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward" \
+                    and not n.args:                                   # loss.backward(), not accelerator.backward(loss)
                 inner = n.func.value
                 if isinstance(inner, ast.Call) and inner.args:        # scaler.scale(loss).backward()
                     inner = inner.args[0]
@@ -1177,6 +1299,8 @@ class Analysis:
                     return False
                 q = self.prog.qualname(x.func) or dotted(x.func) or ""
                 last = x.func.attr if isinstance(x.func, ast.Attribute) else q.rsplit(".", 1)[-1]
+                if q.startswith("torch.nn.") and last[:1].isupper():
+                    continue      # nn.CrossEntropyLoss(): builds a loss module, not a loss value
                 if LOSS_CALL_RE.search(last) and not last.startswith(("get_", "estimate", "compute", "eval")):
                     if any(f for f in self.prog.resolve_functions(x, s)):
                         if not self._returns_local(x, s):

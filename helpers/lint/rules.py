@@ -37,17 +37,19 @@ class Finding:
         return f"{self.location(path)}: {self.code} {self.message}"
 
 
-def ork101(call: str, only_rank0: bool, after_exit: str | None, inside: str | None) -> str:
+def ork101(call: str, only_rank0: bool, after_exit: str | None, inside: str | None,
+           guard_line: int | None = None) -> str:
     what = f"{call}, which runs {inside}," if inside else call
+    where = f"the branch on the rank at line {guard_line}" if guard_line else "a branch on the rank"
     if only_rank0:
-        return (f"{what} is reached by rank 0 only (inside a branch on the rank): the other ranks never "
+        return (f"{what} is reached by rank 0 only (inside {where}): the other ranks never "
                 f"call it, so rank 0 waits for them until the job times out; call every collective on "
                 f"every rank (move it after the if block)")
     if after_exit:
         return (f"{what} comes after a `{after_exit}` that depends on the rank: the ranks that left never "
                 f"call it, so the others wait here until the job times out; let every rank reach every "
                 f"collective")
-    return (f"{what} is not reached by every rank (it sits in a branch on the rank): the ranks that do "
+    return (f"{what} is not reached by every rank (it sits in {where}): the ranks that do "
             f"reach it wait for the others until the job times out; call every collective on every rank")
 
 

@@ -1,0 +1,101 @@
+"""The analysis features real training scripts needed (issue 25), each on a small program in the
+shape the public scripts have: the flagged lines end with ``# expect: ORK10x``."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.test_lint_rules import expected, found
+
+CASES = {
+    # mp.spawn hands main the rank; Trainer's gpu_id is fed it: `self.gpu_id == 0` is a rank guard
+    "rank-through-constructor-parameter": """
+        import torch, torch.multiprocessing as mp
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        class Trainer:
+            def __init__(self, model, gpu_id):
+                self.gpu_id = gpu_id
+                self.model = DDP(model, device_ids=[gpu_id])
+            def _save(self):
+                torch.save(self.model.module.state_dict(), "checkpoint.pt")
+            def train(self, epochs):
+                for epoch in range(epochs):
+                    if self.gpu_id == 0:
+                        self._save()
+        def main(rank, world_size):
+            torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+            Trainer(torch.nn.Linear(2, 2), rank).train(3)
+        if __name__ == "__main__":
+            mp.spawn(main, args=(2,), nprocs=2)
+    """,
+    "rank-guard-through-attribute-then-barrier-inside": """
+        import os, torch, torch.distributed as dist
+        class Trainer:
+            def __init__(self):
+                self.gpu_id = int(os.environ["LOCAL_RANK"])
+            def train(self):
+                if self.gpu_id == 0:
+                    torch.save({}, "snapshot.pt")
+                    dist.barrier()  # expect: ORK101
+        dist.init_process_group("gloo")
+        Trainer().train()
+    """,
+    "loop-variable-path": """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        for name in ("last.pt", "backup.pt"):
+            torch.save({"step": 1}, name)  # expect: ORK102
+    """,
+    "loss-module-is-not-a-loss-value": """
+        import torch, torch.nn as nn, torch.distributed as dist
+        dist.init_process_group("gloo")
+        loss_fn = nn.CrossEntropyLoss()
+        print(f"criterion: {loss_fn}")
+    """,
+    "accelerator-is-not-a-metric-and-check-trigger-reduces": """
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        for batch in range(10):
+            loss = model(batch)
+            accelerator.backward(loss)
+            if loss.item() < 0.5:
+                accelerator.set_trigger()
+            if accelerator.check_trigger():
+                break
+            if loss.item() < 1e-3:  # expect: ORK105
+                break
+    """,
+    "torch-gather-is-a-tensor-op": """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        for step in range(10):
+            loss = model(step)
+            loss.backward()
+            picked_loss = torch.gather(loss, 0, index)
+            if dist.get_rank() == 0:
+                print(f"loss {picked_loss.item()}")  # expect: ORK104
+    """,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_real_code_shapes(name):
+    source = textwrap.dedent(CASES[name])
+    assert found(source) == expected(source)
+
+
+def test_an_ork101_finding_names_the_line_of_the_guard_it_reasons_from():
+    from helpers.lint import lint_source
+
+    source = textwrap.dedent("""
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            print("saving")
+            dist.barrier()
+    """)
+    (f,) = lint_source(source)
+    assert f.code == "ORK101" and f.line == 6
+    assert "the branch on the rank at line 4" in f.message and "move it after the if block" in f.message
