@@ -157,6 +157,10 @@ EXPECTED_LOST = {
     "every_rank_writes": {ONE_WRITER},
     "owner_only_no_fsync_no_barrier": {MODE, DURABLE, WAITS},
 }
+#: Tests an answer may also lose. Every rank publishing `latest` in turn frees an inode at each rename,
+#: and the filesystem may hand rank 0's next temp file the number its previous `latest` had: the
+#: check's "rewritten in place" comparison of inode numbers then fires (seen in a fresh-clone run).
+MAY_ALSO_LOSE = {"every_rank_writes": {ATOMIC}}
 
 FEEDBACK = {
     ("straight_to_final_name", ATOMIC): "wrote straight to the final name",
@@ -191,8 +195,9 @@ def test_the_exercise_has_the_promised_tests(graded):
 @pytest.mark.grading
 @pytest.mark.parametrize("student", list(STUDENTS))
 def test_each_answer_loses_exactly_the_right_points(graded, student):
-    lost, must = _mine(graded.lost(student)), EXPECTED_LOST[student]
-    assert lost == must, (student, graded.shown(student, lost ^ must))
+    lost = _mine(graded.lost(student))
+    must, may = EXPECTED_LOST[student], MAY_ALSO_LOSE.get(student, set())
+    assert must <= lost <= must | may, (student, graded.shown(student, (must - lost) | (lost - must - may)))
     for g in lost:
         assert graded.scores[student][g] == 0
 

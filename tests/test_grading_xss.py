@@ -223,8 +223,11 @@ def test_no_learner_payload_runs_in_feedback_or_formgrader(graded, tmp_path_fact
             after = grades(course)
             written = sorted(p.name for p in course.rglob("pwned_*"))
             # The instructor still grades through the page: its own scripts run under the policy.
-            page.locator("button.full-credit").first.click()
-            page.wait_for_selector(".score-saved", state="visible", timeout=60_000)
+            # the glyph shows while the save is still on its way: wait for the server's answer
+            with page.expect_response(lambda r: "/api/grade/" in r.url and r.request.method == "PUT",
+                                      timeout=60_000) as saved:
+                page.locator("button.full-credit").first.click()
+            assert saved.value.ok, f"the formgrader's save answered {saved.value.status}"
             graded_by_hand = [k for k, v in grades(course).items() if isinstance(v, tuple) and v[1] is not None]
             # The policy alone: the feedback page rendered with the sanitizer switched off, from disk.
             nbgrader("generate_feedback", DEPTH, "--force", "--HTMLExporter.preprocessors=[]",
