@@ -144,33 +144,49 @@ def _pipelines(app) -> tuple[list[str], list[str]]:
 
 
 def definition(db_url: str) -> dict[str, list[dict]]:
-    """The gradebook's assignment definitions, as plain rows (what a task's gradebook needs)."""
+    """The gradebook's assignment definitions, as plain rows, and its schema version."""
     from nbgrader.api import Base
-    from sqlalchemy import create_engine
+    from sqlalchemy import create_engine, text
 
     engine = create_engine(db_url)
     try:
         with engine.connect() as conn:
-            return {t: [dict(r._mapping) for r in conn.execute(Base.metadata.tables[t].select())]
+            rows = {t: [dict(r._mapping) for r in conn.execute(Base.metadata.tables[t].select())]
                     for t in DEFINITION_TABLES}
+            rows["alembic_version"] = [dict(r._mapping) for r in conn.execute(text("SELECT version_num FROM alembic_version"))]
+            return rows
     finally:
         engine.dispose()
 
 
 def _restore(db_url: str, rows: dict[str, list[dict]]) -> None:
-    from nbgrader.api import Base, Gradebook
-    from sqlalchemy import create_engine
+    """A gradebook with these rows, made as nbgrader's ``Gradebook`` makes one (its tables, then
+    the schema version), the version taken from the real gradebook instead of asking alembic."""
+    from nbgrader.api import Base
+    from sqlalchemy import create_engine, text
 
-    Gradebook(db_url).close()  # nbgrader makes the schema and stamps its version
     engine = create_engine(db_url)
     try:
+        Base.metadata.create_all(bind=engine)
         with engine.begin() as conn:
-            conn.execute(Base.metadata.tables["course"].delete())  # the one Gradebook() made
+            conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+            for row in rows["alembic_version"]:
+                conn.execute(text("INSERT INTO alembic_version (version_num) VALUES (:v)"), {"v": row["version_num"]})
             for table in DEFINITION_TABLES:
                 if rows.get(table):
                     conn.execute(Base.metadata.tables[table].insert(), rows[table])
     finally:
         engine.dispose()
+
+
+def task_gradebook(db_url: str) -> bytes:
+    """A SQLite gradebook holding only the assignment definitions of ``db_url``'s, as bytes: made
+    once per run (nbgrader stamps a new gradebook by running alembic, seconds each time), it
+    travels with every task."""
+    with tempfile.TemporaryDirectory(prefix="course-grade-db-") as tmp:
+        path = Path(tmp) / "gradebook.db"
+        _restore(f"sqlite:///{path}", definition(db_url))
+        return path.read_bytes()
 
 
 def _files(folder: Path, skip_notebooks: bool = False) -> dict[str, bytes]:
@@ -211,7 +227,8 @@ def run_task(payload: dict, stop: threading.Event | None = None) -> dict:
         (course / "nbgrader_config.py").write_text(payload["config"])
         (folder / "tmp").mkdir()
         with open(folder / "task.pickle", "wb") as f:
-            pickle.dump({k: payload[k] for k in ("assignment", "student", "definition", "preprocessors")}, f)
+            pickle.dump({k: payload[k] for k in ("assignment", "student", "preprocessors")}, f)
+        (folder / "gradebook.db").write_bytes(payload["gradebook"])
         env = dict(os.environ, TMPDIR=str(folder / "tmp"), COURSE_GRADE_PARENT=str(os.getpid()))
         env.setdefault(TASK_MARK, payload.get("mark", "1"))
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -293,9 +310,7 @@ def _task_main(folder: Path) -> int:
     result: dict = {"ok": False}
     cpu0 = _cpu()
     try:
-        db = folder / "gradebook.db"
-        db_url = f"sqlite:///{db}"
-        _restore(db_url, task["definition"])
+        db_url = f"sqlite:///{folder / 'gradebook.db'}"
         from nbgrader.apps import AutogradeApp
 
         app = AutogradeApp()
@@ -394,8 +409,8 @@ class Course:
                 return False
         return True
 
-    def payload(self, student: str, defn: dict, bound: float | None, mark: str) -> dict:
-        return {"assignment": self.assignment, "student": student, "definition": defn,
+    def payload(self, student: str, gradebook: bytes, bound: float | None, mark: str) -> dict:
+        return {"assignment": self.assignment, "student": student, "gradebook": gradebook,
                 "files": _files(self.folder(self.coursedir.submitted_directory, student)),
                 "source_files": _files(self.folder(self.coursedir.source_directory, "."), skip_notebooks=True),
                 "config": self.config_text, "preprocessors": self.task_pps, "bound": bound, "mark": mark}
@@ -552,7 +567,7 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
               file=out, flush=True)
         if not todo:
             return 0
-        defn = definition(course.db_url)
+        gradebook = task_gradebook(course.db_url)
         bound = course.bound()
         mark = f"{os.getpid()}-{time.time_ns()}"
         failed: dict[str, str] = {}
@@ -567,12 +582,12 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
                 from distributed import as_completed as dask_completed
 
                 client = Client(scheduler, timeout=30)
-                futures = {client.submit(run_task, course.payload(s, defn, bound, mark), key=f"grade-{assignment}-{s}-{mark}",
+                futures = {client.submit(run_task, course.payload(s, gradebook, bound, mark), key=f"grade-{assignment}-{s}-{mark}",
                                          pure=False): s for s in todo}
                 stream = dask_completed(futures)
             else:
                 pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grade")
-                futures = {pool.submit(run_task, course.payload(s, defn, bound, mark), stop): s for s in todo}
+                futures = {pool.submit(run_task, course.payload(s, gradebook, bound, mark), stop): s for s in todo}
                 stream = as_completed(futures)
             for fut in stream:
                 student = futures[fut]
@@ -620,6 +635,21 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
     return 1 if failed else 0
 
 
+def report(assignment: str, out=sys.stdout) -> int:
+    from course_tools import class_report
+
+    course = Course(assignment)
+    rep = class_report.collect(course.root, assignment, course.db_url)
+    if not rep.totals:
+        raise SystemExit(f"no graded submission of {assignment} in the gradebook: grade them first")
+    print(class_report.text(rep), file=out)
+    png = course.root / "build" / "class-report" / f"{assignment}.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    class_report.plot(rep).savefig(png, dpi=100)
+    print(f"\nplots: {png}", file=out)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m course_tools.grade", description=__doc__.splitlines()[0])
     ap.add_argument("assignment", nargs="?", help="the assignment (a depth: beginner, developer, researcher)")
@@ -628,6 +658,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scheduler", help="grade on a Dask distributed cluster: tcp://HOST:PORT of its scheduler")
     ap.add_argument("--student", nargs="+", action="extend", help="grade only these students")
     ap.add_argument("--force", action="store_true", help="regrade submissions already graded")
+    ap.add_argument("--report", action="store_true", help="grade nothing: print the class report "
+                    "(per test the share that passed, common failures, linter codes, scores) and "
+                    "save its plots to build/class-report/ASSIGNMENT.png")
     ap.add_argument("--task", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     # nbgrader runs `alembic` when it makes a gradebook: this environment's bin/ first
@@ -640,6 +673,8 @@ def main(argv=None) -> int:
         ap.error("--workers must be 1 or more")
     if args.scheduler and args.workers:
         ap.error("--workers is for this machine; with --scheduler the cluster's workers grade")
+    if args.report:
+        return report(args.assignment)
     return grade(args.assignment, args.workers, args.student, args.force, args.scheduler)
 
 
