@@ -153,7 +153,8 @@ def definition(db_url: str) -> dict[str, list[dict]]:
         with engine.connect() as conn:
             rows = {t: [dict(r._mapping) for r in conn.execute(Base.metadata.tables[t].select())]
                     for t in DEFINITION_TABLES}
-            rows["alembic_version"] = [dict(r._mapping) for r in conn.execute(text("SELECT version_num FROM alembic_version"))]
+            version = conn.execute(text("SELECT version_num FROM alembic_version"))
+            rows["alembic_version"] = [dict(r._mapping) for r in version]
             return rows
     finally:
         engine.dispose()
@@ -230,7 +231,7 @@ def run_task(payload: dict, stop: threading.Event | None = None) -> dict:
             pickle.dump({k: payload[k] for k in ("assignment", "student", "preprocessors")}, f)
         (folder / "gradebook.db").write_bytes(payload["gradebook"])
         env = dict(os.environ, TMPDIR=str(folder / "tmp"), COURSE_GRADE_PARENT=str(os.getpid()))
-        env.setdefault(TASK_MARK, payload.get("mark", "1"))
+        env[TASK_MARK] = payload.get("mark") or env.get(TASK_MARK, "1")
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         with open(folder / "task.log", "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "course_tools.grade", "--task", str(folder)],
@@ -292,12 +293,21 @@ def _interrupt(signum, frame):
 
 
 def _task_main(folder: Path) -> int:
-    """The task's process: nbgrader's autograde of one submission in the private course."""
+    """The task's process: nbgrader's autograde of one submission in the private course. If the
+    process that waits for it is gone (a Dask worker killed), it removes its folder itself."""
+    parent = int(os.environ.get("COURSE_GRADE_PARENT", "0"))
+    try:
+        return _task_body(folder, parent)
+    finally:
+        if parent and os.getppid() != parent:  # nobody is left to read the result
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _task_body(folder: Path, parent: int) -> int:
     import ctypes
 
     import psutil
 
-    parent = int(os.environ.get("COURSE_GRADE_PARENT", "0"))
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG: end with the process that waits for us
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: daemons of the kernel stay ours
@@ -331,7 +341,8 @@ def _task_main(folder: Path) -> int:
         result = {"ok": False, "error": "interrupted"}
         return 130
     except Exception as e:  # noqa: BLE001 - said in the result, the class goes on
-        result = {"ok": False, "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
+        first = (str(e).strip().splitlines() or [""])[0]
+        result = {"ok": False, "error": f"{type(e).__name__}: {first}"}
         return 1
     finally:
         for p in psutil.Process().children(recursive=True):
@@ -341,8 +352,6 @@ def _task_main(folder: Path) -> int:
         tmp = folder / "result.json.part"
         tmp.write_text(json.dumps(result))
         os.replace(tmp, folder / "result.json")
-        if parent and os.getppid() != parent:  # nobody is left to read it (a Dask worker died)
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _cpu() -> float:
@@ -569,7 +578,7 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
             return 0
         gradebook = task_gradebook(course.db_url)
         bound = course.bound()
-        mark = f"{os.getpid()}-{time.time_ns()}"
+        mark = os.environ.get(TASK_MARK) or f"{os.getpid()}-{time.time_ns()}"
         failed: dict[str, str] = {}
         done = 0
         bar = tqdm(total=len(todo), unit="submission", desc=f"grading {assignment}", file=out,
@@ -582,7 +591,8 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
                 from distributed import as_completed as dask_completed
 
                 client = Client(scheduler, timeout=30)
-                futures = {client.submit(run_task, course.payload(s, gradebook, bound, mark), key=f"grade-{assignment}-{s}-{mark}",
+                futures = {client.submit(run_task, course.payload(s, gradebook, bound, mark),
+                                         key=f"grade-{assignment}-{s}-{mark}",
                                          pure=False): s for s in todo}
                 stream = dask_completed(futures)
             else:

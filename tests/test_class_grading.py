@@ -47,12 +47,13 @@ def grade(course: Path, *args, env=None, timeout=600) -> subprocess.CompletedPro
     return proc
 
 
-def marked(mark: str) -> list[psutil.Process]:
-    """Every process started for a grading run marked ``mark`` (kernels and ranks included)."""
+def marked(mark: str, parent: int | None = None) -> list[psutil.Process]:
+    """Every process started for a grading run marked ``mark`` (kernels and ranks included);
+    with ``parent``, only its children."""
     found = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get("COURSE_GRADE_TASK") == mark:
+            if p.environ().get("COURSE_GRADE_TASK") == mark and parent in (None, p.ppid()):
                 found.append(p)
         except psutil.Error:
             pass
@@ -64,7 +65,10 @@ def plain(tmp_path_factory):
     """The class graded by plain `nbgrader autograde` (it fails s4 and exits 1)."""
     course = make_class(tmp_path_factory.mktemp("plain") / "course")
     proc = nbgrader("autograde", ASSIGNMENT, cwd=course, check=False)
-    assert proc.returncode == 1 and "s4" in proc.stdout + proc.stderr
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "s4" in log, log
+    missing = [s for s in GRADED if not (course / "autograded" / s / ASSIGNMENT / NOTEBOOK).exists()]
+    assert not missing, f"plain nbgrader did not grade {missing}:\n{log[-3000:]}"
     rows = gradebook_rows(sqlite(course), GRADED + ["s4"])
     return course, rows, {s: shown(course, s) for s in GRADED}
 
@@ -209,11 +213,10 @@ def test_dask_cluster_loses_nothing_when_a_worker_dies(plain, tmp_path, dask_clu
                                cwd=course, env=venv_env(COURSE_GRADE_TASK=mark),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            names = {addr: w["name"] for addr, w in client.scheduler_info()["workers"].items()}
             deadline = time.monotonic() + 120
-            busy = []
+            busy = []  # wA's grading process has started (its parent is the worker)
             while not busy and time.monotonic() < deadline and run.poll() is None:
-                busy = [names.get(a) for a, keys in client.processing().items() if keys and names.get(a) == "wA"]
+                busy = marked(mark, parent=procs["wA"].pid)
                 time.sleep(0.1)
             assert busy, "worker wA should be grading a submission"
             procs["wA"].kill()  # a grading machine lost mid-run
