@@ -517,15 +517,13 @@ def _one_writer(db_url: str):
 
 @contextlib.contextmanager
 def _deferred_interrupt():
-    """A Ctrl-C while one submission is written takes effect once it is written."""
-    got = []
+    """A Ctrl-C while one submission is written is kept for later (the list it yields says so)."""
+    got: list = []
     previous = signal.signal(signal.SIGINT, lambda *a: got.append(1))
     try:
-        yield
+        yield got
     finally:
         signal.signal(signal.SIGINT, previous)
-        if got:
-            raise KeyboardInterrupt
 
 
 def default_workers() -> tuple[int, str]:
@@ -605,23 +603,24 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
                     result = fut.result()
                 except Exception as e:  # noqa: BLE001 - a lost task (e.g. KilledWorker) fails its own slot
                     result = {"student": student, "ok": False, "error": f"{type(e).__name__}: {e}"}
+                interrupted: list = []
                 if result["ok"]:
                     try:
-                        with _deferred_interrupt():
+                        with _deferred_interrupt() as interrupted:
                             scores = course.write(result)
                         if scores != result["scores"]:
                             raise RuntimeError(f"the gradebook holds {scores}, the worker scored {result['scores']}")
                         bar.write(f"graded {student}: {course.summary(student)} ({result['seconds']:.0f} s)",
                                   file=out)
                         done += 1
-                    except KeyboardInterrupt:
-                        raise
                     except Exception as e:  # noqa: BLE001
                         failed[student] = f"writing the gradebook failed: {e}"
                 else:
                     failed[student] = result.get("error") or "unknown error"
                 bar.update(1)
                 bar.set_postfix(failed=len(failed))
+                if interrupted:  # a Ctrl-C came while that submission was written
+                    raise KeyboardInterrupt
         except KeyboardInterrupt:
             stop.set()
             bar.close()
