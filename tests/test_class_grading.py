@@ -28,6 +28,7 @@ from tests.class_course import ASSIGNMENT, NOTEBOOK, gradebook_rows, make_class
 from tests.pg import postgresql
 
 GRADED = ["s1", "s2", "s3"]  # s4's file is not a notebook: neither grader can grade it
+FEW = ["s1", "s2"]  # on time and late: what the later tests grade (s3's hang costs a cell limit)
 
 
 def sqlite(course: Path) -> str:
@@ -117,7 +118,7 @@ def test_sqlite_has_one_writer(plain):
 
 
 def test_ctrl_c_stops_cleanly_and_a_rerun_grades_the_rest(plain, tmp_path):
-    course = make_class(tmp_path / "course", students=GRADED)
+    course = make_class(tmp_path / "course", students=FEW)
     mark = uuid.uuid4().hex
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
@@ -144,30 +145,30 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_grades_the_rest(plain, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     out = "".join(lines) + rest
-    assert "interrupted: 1 graded and written, 2 not" in out
+    assert "interrupted: 1 graded and written, 1 not" in out
     psutil.wait_procs(running, timeout=10)
     assert marked(mark) == [], "every process of the run has ended"
     assert list(private_tmp.iterdir()) == [], "its temporary folders are gone"
     (first,) = [line.split()[1].rstrip(":") for line in lines if line.startswith("graded ")]
-    rows = gradebook_rows(sqlite(course), GRADED)
+    rows = gradebook_rows(sqlite(course), FEW)
     assert rows[first] == plain[1][first]
-    assert all(rows[s] is None for s in GRADED if s != first), "no half-written submission"
+    assert all(rows[s] is None for s in FEW if s != first), "no half-written submission"
     assert sorted(p.name for p in (course / "autograded").iterdir()) == [first]
 
     again = grade(course, env=env)
     assert again.returncode == 0
-    assert "grading 2 submission(s) of tiny" in again.stderr and "1 already graded" in again.stderr
+    assert "grading 1 submission(s) of tiny" in again.stderr and "1 already graded" in again.stderr
     assert f"graded {first}:" not in again.stderr
-    assert_same(course, sqlite(course), plain)
+    assert_same(course, sqlite(course), plain, FEW)
 
 
 def test_postgresql_gradebook(plain, tmp_path):
     with postgresql() as url:
-        course = make_class(tmp_path / "course", db_url=url, students=GRADED)
+        course = make_class(tmp_path / "course", db_url=url, students=FEW)
         assert not (course / "gradebook.db").exists()
         proc = grade(course, "--workers", "2")
         assert proc.returncode == 0
-        assert_same(course, url, plain)
+        assert_same(course, url, plain, FEW)
 
 
 @pytest.fixture
@@ -208,7 +209,7 @@ def test_dask_cluster_loses_nothing_when_a_worker_dies(plain, tmp_path, dask_clu
     address, procs, client = dask_cluster
     mark = uuid.uuid4().hex
     with postgresql() as url:
-        course = make_class(tmp_path / "course", db_url=url, students=GRADED)
+        course = make_class(tmp_path / "course", db_url=url, students=FEW)
         run = subprocess.Popen([sys.executable, "-m", "course_tools.grade", ASSIGNMENT, "--scheduler", address],
                                cwd=course, env=venv_env(COURSE_GRADE_TASK=mark),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -229,11 +230,11 @@ def test_dask_cluster_loses_nothing_when_a_worker_dies(plain, tmp_path, dask_clu
         print(out, err)
         assert run.returncode == 0, err
         assert "on the Dask cluster at " + address in err
-        for student in GRADED:
+        for student in FEW:
             assert err.count(f"graded {student}:") == 1, "each submission written once"
-        assert_same(course, url, plain)
-        rows = gradebook_rows(url, GRADED)
-        assert all(rows[s]["grade_rows"] == 2 for s in GRADED), "no row written twice"
+        assert_same(course, url, plain, FEW)
+        rows = gradebook_rows(url, FEW)
+        assert all(rows[s]["grade_rows"] == 2 for s in FEW), "no row written twice"
     deadline = time.monotonic() + 60
     while marked(mark) and time.monotonic() < deadline:  # the lost worker's task ends by itself
         time.sleep(0.2)
