@@ -77,6 +77,76 @@ CASES = {
             if dist.get_rank() == 0:
                 print(f"loss {picked_loss.item()}")  # expect: ORK104
     """,
+    # minGPT-ddp's shape: the wrapper's state_dict goes into a dataclass, then asdict() before torch.save
+    "wrapper-state-dict-through-dataclass-and-asdict": """
+        import torch, torch.distributed as dist
+        from dataclasses import dataclass, asdict
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        @dataclass
+        class Snapshot:
+            model_state: dict
+            finished_epoch: int
+        class Trainer:
+            def __init__(self, model, rank):
+                self.rank = rank
+                self.model = DDP(model)
+            def save(self, epoch):
+                snapshot = Snapshot(model_state=self.model.state_dict(), finished_epoch=epoch)  # expect: ORK106
+                snapshot = asdict(snapshot)
+                if dist.get_rank() == 0:
+                    torch.save(snapshot, "snapshot.pt")
+    """,
+    "wrapper-state-dict-through-namedtuple-ordereddict-and-dict-copy": """
+        import torch, collections, torch.distributed as dist
+        from typing import NamedTuple
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        class Record(NamedTuple):
+            weights: dict
+            step: int
+        def save(model, step):
+            ddp = DDP(model)
+            record = Record(ddp.state_dict(), step)  # expect: ORK106
+            state = {"model": ddp.state_dict()}  # expect: ORK106
+            if dist.get_rank() == 0:
+                torch.save(record._asdict(), "record.pt")
+                torch.save(collections.OrderedDict(model=ddp.state_dict()), "od.pt")  # expect: ORK106
+                torch.save(dict(state), "copy.pt")
+    """,
+    # a loss module whose name says nothing: what it was built as makes its result a loss value
+    "loss-module-call-is-a-loss-value-whatever-its-name": """
+        import torch.nn as nn, torch.distributed as dist
+        dist.init_process_group("gloo")
+        ce = nn.CrossEntropyLoss()
+        for step in range(10):
+            value = ce(model(step), step)
+            if dist.get_rank() == 0:
+                print(f"step {step}: {value.item():.4f}")  # expect: ORK104
+    """,
+    # an estimate_* call is not exempted by its name: defined elsewhere, only its name is known (a loss)
+    "estimate-call-is-not-exempted-by-its-name": """
+        import torch.distributed as dist
+        from evaluation import estimate_loss
+        dist.init_process_group("gloo")
+        losses = estimate_loss(model)
+        if dist.get_rank() == 0:
+            print(f"val loss {losses['val']:.4f}")  # expect: ORK104
+    """,
+    # a function of this file called sync_*: what it does (no collective) decides, not its name;
+    # and Tensor.gather(dim, index) is a tensor op, not accelerate's gather
+    "reduction-decided-by-what-the-function-does": """
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        def sync_loss(x):
+            return x.detach()
+        for step in range(10):
+            loss = model(step)
+            loss.backward()
+            shown = sync_loss(loss)
+            picked = loss.gather(0, index)
+            if dist.get_rank() == 0:
+                print(f"loss {shown.item()}")  # expect: ORK104
+                print(f"loss {picked.item()}")  # expect: ORK104
+    """,
 }
 
 

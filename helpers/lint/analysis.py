@@ -81,7 +81,11 @@ SINK_METHODS = {"add_scalar", "add_scalars", "log_metric", "log_metrics"}
 LOG_METHODS = {"info", "warning", "warn", "debug", "error", "critical", "log"}
 METRIC_RE = re.compile(r"loss|acc|correct|ppl|perplex|metric", re.I)
 LOSS_CALL_RE = re.compile(r"loss|criterion|cross_entropy|nll|mse|bce|kl_div", re.I)
+LOSS_TYPE_RE = re.compile(r"loss|entropy|criterion|divergence", re.I)
 DDP_NAME_RE = re.compile(r"^(ddp|ddp_\w+|\w+_ddp)$")
+# calls whose result holds their arguments' values unchanged (a state_dict passed in is saved as it is)
+RECORD_COPIES = {"dict", "collections.OrderedDict", "OrderedDict", "dataclasses.asdict", "dataclasses.astuple",
+                 "vars", "copy.copy", "copy.deepcopy", "dataclasses.replace"}
 UNWRAPPED_WORDS = ("without", "no_ddp", "unwrap", "raw", "bare", "inner")
 
 PATH_CALLS = {"os.path.join", "pathlib.Path", "Path", "os.fspath", "str", "os.path.abspath",
@@ -1240,17 +1244,43 @@ class Analysis:
         return out
 
     def _is_reducer(self, call, s) -> bool:
+        """The call combines the ranks' values: decided by what it is where this file shows it."""
         q = self.prog.qualname(call.func) or ""
         if q.startswith("torch.") and not q.startswith("torch.distributed"):
             return False          # torch.gather, Tensor ops: this rank's own tensors, not a collective
         c = self.facts.collective(call, s)
-        if c and c.rsplit(".", 1)[-1] in REDUCERS:
-            return True
+        if c:
+            return c.rsplit(".", 1)[-1] in REDUCERS
+        fns = self.prog.resolve_functions(call, s)
+        if fns:                   # a function of this file: it reduces if it runs a collective
+            return any(id(f) in self.facts.collective_fns for f in fns)
+        if isinstance(call.func, ast.Attribute) and call.func.attr in ("gather", "scatter") and \
+                (len(call.args) >= 2 or any(k.arg in ("dim", "index") for k in call.keywords)):
+            return False          # x.gather(dim, index): Tensor.gather's signature, a tensor op
         name = call.func.attr if isinstance(call.func, ast.Attribute) else \
             call.func.id if isinstance(call.func, ast.Name) else ""
-        if re.search(r"reduce|gather|sync|allreduce", name, re.I):
-            return True
-        return any(id(f) in self.facts.collective_fns for f in self.prog.resolve_functions(call, s))
+        return bool(re.search(r"reduce|gather|sync|allreduce", name, re.I))   # code this file cannot see
+
+    def _loss_module(self, callee, s) -> bool | None:
+        """What the called object is, where this file assigns it: True for a loss module
+        (``criterion = nn.CrossEntropyLoss()``), False for any other object it builds, None if unknown."""
+        d = dotted(callee)
+        found = self.prog.values_of(d, s) if d else None
+        if not found or not found[0] or found[1] or any(v is None for v in found[0]):
+            return None
+        kinds = set()
+        for v in found[0]:
+            q = (self.prog.qualname(v.func) or "") if isinstance(v, ast.Call) else ""
+            last = q.rsplit(".", 1)[-1]
+            if not last[:1].isupper():
+                kinds.add(None)             # made by a function call: not known here
+            elif LOSS_TYPE_RE.search(last):
+                kinds.add(True)             # an instance of a loss class: nn.CrossEntropyLoss, JsdCrossEntropy
+            elif q.startswith("torch.") or last in self.prog.classes:
+                kinds.add(False)            # a model, a DDP wrapper, a class of this file that is no loss
+            else:
+                kinds.add(None)
+        return kinds.pop() if len(kinds) == 1 else None
 
     def _local_metrics(self, s: Scope) -> set[str]:
         """Names in this scope that hold this rank's own loss/accuracy (never reduced)."""
@@ -1301,12 +1331,16 @@ class Analysis:
                 last = x.func.attr if isinstance(x.func, ast.Attribute) else q.rsplit(".", 1)[-1]
                 if q.startswith("torch.nn.") and last[:1].isupper():
                     continue      # nn.CrossEntropyLoss(): builds a loss module, not a loss value
-                if LOSS_CALL_RE.search(last) and not last.startswith(("get_", "estimate", "compute", "eval")):
-                    if any(f for f in self.prog.resolve_functions(x, s)):
-                        if not self._returns_local(x, s):
-                            continue
-                    return True
-                if self._returns_local(x, s):
+                if self.prog.resolve_functions(x, s):
+                    if self._returns_local(x, s):     # a function of this file: what it returns decides
+                        return True
+                    continue
+                module = self._loss_module(x.func, s)
+                if module is not None:                # an object this file builds: what it is decides
+                    if module:
+                        return True
+                    continue
+                if LOSS_CALL_RE.search(last):         # code this file cannot see: its name is all there is
                     return True
                 if last in ("sum", "mean") and any(isinstance(y, ast.Compare) for y in ast.walk(x.func)):
                     return True
@@ -1323,7 +1357,7 @@ class Analysis:
 
     def _metric_in(self, expr, local) -> str | None:
         for x in ast.walk(expr):
-            if isinstance(x, ast.Name) and x.id in local and METRIC_RE.search(x.id):
+            if isinstance(x, ast.Name) and x.id in local:
                 return x.id
         return None
 
@@ -1452,17 +1486,36 @@ class Analysis:
         obj = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "obj"), None)
         return [obj] if obj is not None and not isinstance(obj, ast.Starred) else []
 
+    def _record_class(self, call) -> bool:
+        """``call`` builds an instance of a dataclass or NamedTuple of this file: its fields are its arguments."""
+        name = dotted(call.func)
+        for c in self.prog.classes.get(name or "", []):
+            for d in c.decorator_list:
+                d = d.func if isinstance(d, ast.Call) else d
+                if (self.prog.qualname(d) or "") in ("dataclasses.dataclass", "dataclass"):
+                    return True
+            if any((self.prog.qualname(b) or "").split(".")[-1] == "NamedTuple" for b in c.bases):
+                return True
+        return False
+
     def _state_dicts(self, obj, s, depth=0):
-        """``X.state_dict()`` calls that end up in the saved object unchanged."""
+        """``X.state_dict()`` calls that end up in the saved object unchanged.
+
+        Seen through: dict displays and ``{**d}``, ``dict(...)``/``OrderedDict(...)``, a dataclass or
+        NamedTuple of this file built from them, ``dataclasses.asdict``/``vars``/``copy``/``._asdict()``
+        of such a record, and names assigned any of these (three assignments deep)."""
         if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Attribute) and obj.func.attr == "state_dict":
             yield obj
         elif isinstance(obj, ast.Dict):
             for v in obj.values:
                 yield from self._state_dicts(v, s, depth)
-        elif isinstance(obj, ast.Call) and dotted(obj.func) == "dict":
-            for k in obj.keywords:
-                yield from self._state_dicts(k.value, s, depth)
-        elif isinstance(obj, ast.Name) and depth < 2:
+        elif isinstance(obj, ast.Call) and ((self.prog.qualname(obj.func) or "") in RECORD_COPIES
+                                            or self._record_class(obj)):
+            for a in list(obj.args) + [k.value for k in obj.keywords]:
+                yield from self._state_dicts(a.value if isinstance(a, ast.Starred) else a, s, depth)
+        elif isinstance(obj, ast.Call) and isinstance(obj.func, ast.Attribute) and obj.func.attr == "_asdict":
+            yield from self._state_dicts(obj.func.value, s, depth)          # record._asdict() of a NamedTuple
+        elif isinstance(obj, ast.Name) and depth < 3:
             found = s.assigns.get(obj.id, [])
             for v in found:
                 if v is not None:
