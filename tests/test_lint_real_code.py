@@ -169,3 +169,28 @@ def test_an_ork101_finding_names_the_line_of_the_guard_it_reasons_from():
     (f,) = lint_source(source)
     assert f.code == "ORK101" and f.line == 6
     assert "the branch on the rank at line 4" in f.message and "move it after the if block" in f.message
+
+
+def test_ork104_to_106_findings_name_the_line_they_reason_from():
+    from helpers.lint import lint_source
+
+    source = textwrap.dedent("""
+        import torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("gloo")
+        model = DDP(net)
+        for step in range(10):
+            loss = model(step)
+            loss.backward()
+            if dist.get_rank() == 0:
+                print(f"loss {loss.item()}")
+            if loss.item() < 0.1:
+                break
+        if dist.get_rank() == 0:
+            torch.save(model.state_dict(), "m.pt")
+    """)
+    msgs = {f.code: f.message for f in lint_source(source)}
+    assert set(msgs) == {"ORK104", "ORK105", "ORK106"}, msgs
+    assert "logs `loss`, this rank's own value (set at line 7 and never all-reduced)" in msgs["ORK104"]
+    assert "stops on `loss`, this rank's own value (set at line 7 and never all-reduced)" in msgs["ORK105"]
+    assert "saves model.state_dict() of the DDP wrapper made at line 5" in msgs["ORK106"]

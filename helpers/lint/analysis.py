@@ -1394,7 +1394,13 @@ class Analysis:
                 for a in args:
                     name = name or self._metric_in(a, local)
                 if name and not any(self.prog.references_rank(a, s) for a in args):
-                    self.add(n, "ORK104", rules.ork104(name))
+                    self.add(n, "ORK104", rules.ork104(name, self._set_at(name, n, s)))
+
+    def _set_at(self, name, use, s) -> int | None:
+        """The line of the last assignment of ``name`` in ``s`` before ``use`` (the value it reasons from)."""
+        lines = [v.lineno for v in s.assigns.get(name, []) if v is not None and hasattr(v, "lineno")
+                 and v.lineno <= use.lineno]
+        return max(lines) if lines else None
 
     def ork105(self):
         has_ddp = any(isinstance(n, ast.Call) and (self.prog.qualname(n.func) or "") in DIST_SETUP
@@ -1413,11 +1419,11 @@ class Analysis:
                 if isinstance(loop, ast.While):
                     name = self._metric_in(loop.test, local)
                     if name:
-                        self.add(loop, "ORK105", rules.ork105(name))
+                        self.add(loop, "ORK105", rules.ork105(name, self._set_at(name, loop, s)))
                 for st in _loop_ifs(loop):
                     name = self._metric_in(st.test, local)
                     if name and _stops(st.body, loop):
-                        self.add(st, "ORK105", rules.ork105(name))
+                        self.add(st, "ORK105", rules.ork105(name, self._set_at(name, st, s)))
 
     def _returned_locals(self, s):
         out = set()
@@ -1453,6 +1459,14 @@ class Analysis:
                 return wraps
         short = d.split(".")[-1].lower()
         return bool(DDP_NAME_RE.match(short)) and not any(w in short for w in UNWRAPPED_WORDS)
+
+    def _wrapped_at(self, expr, s) -> int | None:
+        """The line where ``expr`` was wrapped in DDP (or prepared by accelerate), if this file shows it."""
+        found = self.prog.values_of(dotted(expr) or "", s)
+        if found and found[0]:
+            lines = [v.lineno for v in found[0] if v is not None and self._wraps(v, s, None)]
+            return max(lines) if lines else None
+        return None
 
     def _wraps(self, v, s, target) -> bool | None:
         if v is None:
@@ -1534,7 +1548,8 @@ class Analysis:
                 for obj in self._saved_objects(n, s):
                     for sd in self._state_dicts(obj, s):
                         if self._wrapped(sd.func.value, s):
-                            self.add(sd, "ORK106", rules.ork106(text(sd.func.value)))
+                            self.add(sd, "ORK106", rules.ork106(text(sd.func.value),
+                                                                self._wrapped_at(sd.func.value, s)))
 
     # -- ORK107
     def ork107(self):

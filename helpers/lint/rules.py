@@ -65,21 +65,26 @@ def ork103(read: str, write_line: int) -> str:
             f"dist.barrier() after the write, outside the `if`")
 
 
-def ork104(name: str) -> str:
-    return (f"logs `{name}`, this rank's own value: it describes one rank's slice of the data, not the "
+def ork104(name: str, set_at: int | None = None) -> str:
+    return (f"logs `{name}`, this rank's own value{_from(set_at)}: it describes one rank's slice of the data, not the "
             f"run; all_reduce a [sum, count] pair first and log the combined value (or label the line "
             f"with the rank)")
 
 
-def ork105(name: str) -> str:
-    return (f"stops on `{name}`, this rank's own value: the ranks can decide differently, so some leave "
+def ork105(name: str, set_at: int | None = None) -> str:
+    return (f"stops on `{name}`, this rank's own value{_from(set_at)}: the ranks can decide differently, so some leave "
             f"the loop while the others wait in the next collective until the job times out; decide "
             f"from an all-reduced value so that every rank stops at the same step")
 
 
-def ork106(expr: str) -> str:
-    return (f"saves {expr}.state_dict() of the DDP wrapper: every key gets a 'module.' prefix and the "
+def ork106(expr: str, wrapped_at: int | None = None) -> str:
+    wrapper = f"the DDP wrapper made at line {wrapped_at}" if wrapped_at else "the DDP wrapper"
+    return (f"saves {expr}.state_dict() of {wrapper}: every key gets a 'module.' prefix and the "
             f"file will not load into an unwrapped model; save {expr}.module.state_dict()")
+
+
+def _from(line: int | None) -> str:
+    return f" (set at line {line} and never all-reduced)" if line else ""
 
 
 def ork107() -> str:
