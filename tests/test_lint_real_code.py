@@ -147,6 +147,22 @@ CASES = {
                 print(f"loss {shown.item()}")  # expect: ORK104
                 print(f"loss {picked.item()}")  # expect: ORK104
     """,
+    # the object called `accelerator` is an instance of a class of this file: its gather is that class's
+    # method (which combines nothing), not accelerate's collective
+    "accelerator-decided-by-what-it-is-and-methods-of-file-classes-followed": """
+        from accelerate import Accelerator
+        class Accel:
+            def gather(self, x):
+                return x
+        acc = Accelerator()
+        accelerator = Accel()
+        for batch in range(10):
+            loss = model(batch)
+            acc.backward(loss)
+            shown = accelerator.gather(loss)
+            if acc.is_main_process:
+                print(f"loss {shown.item()}")  # expect: ORK104
+    """,
 }
 
 

@@ -397,6 +397,12 @@ class Program:
             if s is None:
                 return []
             return [m for m in self.functions.get(f.attr, []) if m.cls is s.cls]
+        if isinstance(f, ast.Attribute) and dotted(f.value):      # obj.m() on an instance of a class of this file
+            found = self.values_of(dotted(f.value), scope)
+            if found and found[0] and not found[1] and all(
+                    isinstance(v, ast.Call) and dotted(v.func) in self.classes for v in found[0]):
+                classes = {id(c) for v in found[0] for c in self.classes[dotted(v.func)]}
+                return [m for m in self.functions.get(f.attr, []) if m.cls is not None and id(m.cls) in classes]
         return []
 
     # -- what a value is, as far as the rank goes
@@ -674,14 +680,18 @@ class Facts:
         self._find_collective_functions()
 
     def accelerator(self, expr, scope) -> bool:
+        """An accelerate ``Accelerator``: decided by what this file assigns it; by its name only when
+        it comes from elsewhere (a parameter) or from a call this file does not explain."""
         d = dotted(expr) or ""
-        if d.split(".")[-1] in ("accelerator", "accel"):
-            return True
         found = self.prog.values_of(d, scope) if d else None
         if found and found[0]:
-            return all(isinstance(v, ast.Call) and (self.prog.qualname(v.func) or "").endswith("Accelerator")
-                       for v in found[0])
-        return False
+            made = [(self.prog.qualname(v.func) or "").rsplit(".", 1)[-1] if isinstance(v, ast.Call) else ""
+                    for v in found[0]]
+            if all(m == "Accelerator" for m in made):
+                return True
+            if all(m[:1].isupper() for m in made):
+                return False         # an object of another class, whatever its name
+        return d.split(".")[-1] in ("accelerator", "accel")
 
     def collective(self, call: ast.Call, scope) -> str | None:
         q = self.prog.qualname(call.func) or ""
