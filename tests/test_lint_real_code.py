@@ -210,3 +210,20 @@ def test_ork104_to_106_findings_name_the_line_they_reason_from():
     assert "logs `loss`, this rank's own value (set at line 7 and never all-reduced)" in msgs["ORK104"]
     assert "stops on `loss`, this rank's own value (set at line 7 and never all-reduced)" in msgs["ORK105"]
     assert "saves model.state_dict() of the DDP wrapper made at line 5" in msgs["ORK106"]
+
+
+def test_an_ork101_finding_after_an_early_return_names_the_line_of_the_if_that_returns():
+    from helpers.lint import lint_source
+
+    source = textwrap.dedent("""
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        def evaluate(t):
+            if dist.get_rank() != 0:
+                return
+            dist.all_reduce(t)
+        evaluate(x)
+    """)
+    (f,) = lint_source(source)
+    assert f.code == "ORK101" and f.line == 7
+    assert "comes after a `return` that depends on the rank (the if at line 5)" in f.message

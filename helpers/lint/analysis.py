@@ -1145,9 +1145,11 @@ class Analysis:
                     c = self.facts.collective(node, s)
                     inner = None if c else self.facts.inner_collective(node, s)
                     name = c or text(node.func)
-                    after = next((kind for kind, pos in counterpart.exits if pos < _pos(node)), None)
+                    exit_ = next(((kind, pos) for kind, pos in counterpart.exits if pos < _pos(node)), None)
+                    after = exit_[0] if exit_ else None
                     only_rank0 = walk is m and id(node) not in o.reached and not after
-                    guard = self._rank_guard_line(node, s)
+                    # the line of the if that exits, or of the if that holds the call
+                    guard = exit_[1][1] if exit_ else self._rank_guard_line(node, s)
                     self.add(node, "ORK101", rules.ork101(name + "()", only_rank0, after, inner, guard))
 
     def _rank_guard_line(self, node, s) -> int | None:

@@ -46,7 +46,8 @@ def ork101(call: str, only_rank0: bool, after_exit: str | None, inside: str | No
                 f"call it, so rank 0 waits for them until the job times out; call every collective on "
                 f"every rank (move it after the if block)")
     if after_exit:
-        return (f"{what} comes after a `{after_exit}` that depends on the rank: the ranks that left never "
+        at = f" (the if at line {guard_line})" if guard_line else ""
+        return (f"{what} comes after a `{after_exit}` that depends on the rank{at}: the ranks that left never "
                 f"call it, so the others wait here until the job times out; let every rank reach every "
                 f"collective")
     return (f"{what} is not reached by every rank (it sits in {where}): the ranks that do "
