@@ -1,4 +1,4 @@
-"""`make site`: the course as a website, built with Jupyter Book 2 (the MyST toolchain) into build/site/.
+"""`make site`: the course as a website, built with the MyST toolchain (Jupyter Book 2's) into build/site/.
 
 Steps, each one a function the tests reuse:
 
@@ -14,8 +14,9 @@ Steps, each one a function the tests reuse:
    the lesson on the course's JupyterHub (an nbgitpuller link) and to the notebook's download.
 3. :func:`write_project` writes the MyST project (``myst.yml`` with the pages in the course's
    order, the landing page from the README's depth table) and :func:`build_html` runs
-   ``myst build --html`` from the locally installed MyST and theme (``site/``, installed by
-   ``make site`` with ``npm ci``: nothing is downloaded at build time).
+   ``myst build --site`` (MyST parses every page into its AST) and ``site/render.mjs``, which
+   renders that AST to HTML with myst-to-html and the course's own handlers and page template
+   (``site/``, installed by ``make site`` with ``npm ci``: nothing is downloaded at build time).
 
 Where the launch links point is set here, in :data:`HUB`, or by the environment variables it names.
 """

@@ -205,8 +205,10 @@ function handlers(page) {
     table(h, node) {
       // a wide table scrolls inside its own focusable region, not the page (200% zoom)
       const rows = (node.children || []).map((row) => h(row, 'tr', {},
-        (row.children || []).map((cell) => h(cell, cell.header ? 'th' : 'td',
-          cell.header ? { scope: 'col' } : {}, all(h, cell)))));
+        (row.children || []).map((cell) => {
+          const th = cell.header && plain(cell).trim();      // an empty header cell is a plain cell
+          return h(cell, th ? 'th' : 'td', th ? { scope: 'col' } : {}, all(h, cell));
+        })));
       const head = rows.length && node.children[0].children?.every((c) => c.header) ? [rows.shift()] : [];
       const table = h(node, 'table', {}, [
         ...(head.length ? [el('thead', {}, head)] : []), el('tbody', {}, rows)]);
@@ -237,7 +239,8 @@ function navigation(current) {
     return el('li', {}, [el('span', { className: ['nav-section'], id }, [text(section.title)]),
       el('ul', { 'aria-labelledby': id }, items)]);
   });
-  return el('nav', { className: ['site-nav'], 'aria-label': 'Course' }, [el('ul', {}, sections)]);
+  return el('nav', { className: ['site-nav'], id: 'contents', 'aria-label': 'Course contents' },
+    [el('ul', {}, sections)]);
 }
 
 function pager(page) {
@@ -253,13 +256,15 @@ function pager(page) {
 function render(page) {
   const hast = mystToHast({ handlers: handlers(page), allowDangerousHtml: true })(page.data.mdast);
   const body = unified().use(rehypeStringify, { allowDangerousHtml: true }).stringify(hast);
+  // the page first, the course's contents after it (shown beside it on a wide screen, below it
+  // at 200% zoom, where a long list before the lesson would push it off the screen)
   const shell = el('div', { className: ['shell'] }, [
-    navigation(page),
     el('main', { id: 'main', tabindex: -1 }, [
       el('h1', {}, [text(page.title)]),
       raw(body),
       pager(page),
     ]),
+    navigation(page),
   ]);
   const up = posix.relative(posix.dirname(page.out), '.') || '.';
   const home = posix.relative(posix.dirname(page.out), 'index.html') || 'index.html';
@@ -268,7 +273,8 @@ function render(page) {
     children: [
       el('a', { className: ['skip'], href: '#main' }, [text('Skip to the page content')]),
       el('header', { className: ['site-header'] }, [
-        el('a', { href: home, className: ['site-title'] }, [text(manifest.title)])]),
+        el('a', { href: home, className: ['site-title'] }, [text(manifest.title)]),
+        el('a', { href: '#contents', className: ['contents-link'] }, [text('Course contents')])]),
       shell,
       el('footer', { className: ['site-footer'] }, [el('p', {}, [text(
         'Every page is a notebook of the course run with its outputs. Open a lesson on the course\'s ' +
