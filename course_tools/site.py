@@ -75,8 +75,9 @@ def _files(folder: Path) -> list[Path]:
 
 
 def cache_key(notebook: Path, root: Path = ROOT) -> str:
-    """What the executed page depends on: the notebook, the files beside it, helpers/, the sizes."""
-    h = hashlib.sha256(f"v{CACHE_VERSION} quick".encode())
+    """What the executed page depends on: the notebook, the files beside it, helpers/, the sizes
+    and the build's first cell."""
+    h = hashlib.sha256(f"v{CACHE_VERSION} quick\0{FIGURE_NOTES_CELL}".encode())
     for path in [notebook, *_files(notebook.parent), *_files(root / "helpers")]:
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:20]

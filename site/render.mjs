@@ -159,6 +159,7 @@ function renderOutput(out, page) {
 // ------------------------------------------------------------------ mdast -> hast handlers
 function handlers(page) {
   let lastDepth = 1;
+  let tables = 0;
   return {
     block(h, node) {
       if (node.kind === 'notebook-code') return h(node, 'div', { className: ['cell'] }, all(h, node));
@@ -212,7 +213,9 @@ function handlers(page) {
       const head = rows.length && node.children[0].children?.every((c) => c.header) ? [rows.shift()] : [];
       const table = h(node, 'table', {}, [
         ...(head.length ? [el('thead', {}, head)] : []), el('tbody', {}, rows)]);
-      return el('div', { className: ['table'], tabindex: 0, role: 'region', 'aria-label': 'Table' }, [table]);
+      tables += 1;                       // each region's name is its own: "Table 2: depth, lessons"
+      const heads = head.length ? `: ${node.children[0].children.map((c) => plain(c).trim()).filter(Boolean).join(', ')}` : '';
+      return el('div', { className: ['table'], tabindex: 0, role: 'region', 'aria-label': `Table ${tables}${heads}` }, [table]);
     },
     mystRole(h, node) {
       problems.push(`${page.source}: MyST role {${node.name}} is not rendered`);
