@@ -204,9 +204,11 @@ IMAGES = ("image/svg+xml", "image/png", "image/jpeg", "image/gif")
 def figure_alt(notes: dict | None) -> str:
     """The alt text of a figure: its title (which states the finding) and axes, from the notes the
     build's first cell recorded (:data:`FIGURE_NOTES_CELL`); '' when the figure has no title."""
+    def tidy(t):
+        return " ".join((t or "").split())
+
     if not notes:
         return ""
-    tidy = lambda t: " ".join((t or "").split())
     panels = []
     for ax in notes.get("axes", []):
         title = "; ".join(tidy(t) for t in ax.get("titles", []) if tidy(t))
