@@ -357,22 +357,24 @@ def served(built):
         thread.join(timeout=30)
 
 
-AXE_RUN = """async (inside) => {
+AXE_RUN = """async ([inside, theirs]) => {
   const r = await axe.run(document, {resultTypes: ['violations']});
   return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
     nodes: v.nodes.map(n => {
       const sel = n.target[n.target.length - 1];
       const el = typeof sel === 'string' ? document.querySelector(sel) : null;
-      return {target: n.target.join(' '), html: n.html.slice(0, 160),
-              ours: inside ? !!(el && el.closest(inside)) : true};
+      const mine = inside ? !!(el && el.closest(inside)) : true;
+      const other = !!(el && theirs && (theirs[v.id] || []).some(s => el.matches(s)));
+      return {target: n.target.join(' '), html: n.html.slice(0, 160), ours: mine && !other};
     })}));
 }"""
 
 
-def axe(page, inside: str | None = None) -> list[dict]:
-    """axe-core's violations on the page; each node says whether it is inside ``inside``."""
+def axe(page, inside: str | None = None, theirs: dict | None = None) -> list[dict]:
+    """axe-core's violations on the page. Each node says whether it is the course's: inside
+    ``inside`` (all of the page when None) and not matched by ``theirs[rule]``'s selectors."""
     page.add_script_tag(path=str(AXE_JS))
-    return page.evaluate(AXE_RUN, inside)
+    return page.evaluate(AXE_RUN, [inside, theirs or {}])
 
 
 def _serious(violations: list[dict], ours_only: bool = False) -> list[str]:
@@ -418,6 +420,13 @@ def test_every_page_passes_axe_and_reflows_at_200_percent_zoom(chromium, served)
     assert not failures, "\n".join(failures)
 
 
+#: In a lesson open in JupyterLab, what JupyterLab draws rather than the course writes. Its image
+#: renderer (JupyterLab 4.6, rendermime's renderImage) sets no alt on an output's <img>, whatever
+#: the output's metadata says (jupyter/enhancement-proposals#120 proposes reading its ``alt``);
+#: the site's pages carry the figures' alt text (test_every_image_says_what_the_figure_shows).
+LAB_OWN = {"image-alt": [".jp-RenderedImage > img"]}
+
+
 def test_a_lesson_in_jupyterlab_has_no_serious_axe_violation_in_what_the_course_wrote(
         chromium, built, tmp_path):
     """One lesson, executed (from the site's cache) and opened in JupyterLab: the cells' rendered
@@ -426,7 +435,7 @@ def test_a_lesson_in_jupyterlab_has_no_serious_axe_violation_in_what_the_course_
 
     from tests.browser_support import LabServer, copy_course
 
-    lesson = Path("notebooks/developer/01_save_log_resume.ipynb")
+    lesson = Path("notebooks/beginner/01_one_rank_writes.ipynb")
     executed, how, _ = site.execute(ROOT / lesson)
     course = copy_course(tmp_path / "course")
     nbformat.write(site.page(executed, lesson), course / lesson)
@@ -439,11 +448,15 @@ def test_a_lesson_in_jupyterlab_has_no_serious_axe_violation_in_what_the_course_
                 "() => document.querySelectorAll('.jp-Notebook .jp-RenderedImage img').length > 0"
                 " && document.querySelectorAll('.jp-MarkdownCell .jp-RenderedMarkdown h2').length > 0",
                 timeout=180_000, polling=500)
-            found = axe(page, inside=".jp-RenderedMarkdown, .jp-OutputArea-output")
+            found = axe(page, inside=".jp-RenderedMarkdown, .jp-OutputArea-output", theirs=LAB_OWN)
+            images = page.evaluate("() => document.querySelectorAll('.jp-RenderedImage > img').length")
         finally:
             context.close()
             lab.close_sessions()
     lab_own = sorted({f"{v['id']} ({v['impact']})" for v in found for n in v["nodes"] if not n["ours"]})
+    # what is excused is seen: the figures are there, and JupyterLab's renderer gave them no alt
+    unnamed = [n for v in found if v["id"] == "image-alt" for n in v["nodes"]]
+    assert images >= 5 and len(unnamed) == images, (images, len(unnamed))
     report = json.loads(AXE_REPORT.read_text()) if AXE_REPORT.exists() else {}
     report["jupyterlab:" + lesson.as_posix()] = {"course": _serious(found, ours_only=True), "jupyterlab": lab_own}
     AXE_REPORT.parent.mkdir(exist_ok=True)
