@@ -177,6 +177,9 @@ def test_the_simulation_tells_confusable_colours_apart():
 SITE_PAGES = ["index.html"] + [r.relative_to("notebooks").with_suffix(".html").as_posix()
                                for r in site.lessons()]
 AXE_JS = ROOT / "site" / "node_modules" / "axe-core" / "axe.min.js"
+#: The first test that uses the built site pays for the build: on a fresh clone every learner
+#: notebook is executed (12 to 16 minutes on a busy 2-core machine), past pytest's 900 s default.
+BUILD_TIMEOUT = pytest.mark.timeout(3600)
 AXE_REPORT = ROOT / "build" / "site-axe.json"
 SERIOUS = ("serious", "critical")
 
@@ -194,6 +197,7 @@ def _soup(path: Path):
     return BeautifulSoup(path.read_text(), "html.parser")
 
 
+@BUILD_TIMEOUT
 def test_every_page_is_there_in_the_course_order_and_none_is_empty(built):
     out = built["out"]
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*.html")) == sorted(SITE_PAGES)
@@ -218,6 +222,7 @@ def test_every_page_is_there_in_the_course_order_and_none_is_empty(built):
             assert broken not in text, f"{name} shows {broken!r}"
 
 
+@BUILD_TIMEOUT
 def test_each_lesson_has_its_launch_link_and_the_notebook_download(built):
     out = built["out"]
     for rel_nb in site.lessons():
@@ -231,6 +236,7 @@ def test_each_lesson_has_its_launch_link_and_the_notebook_download(built):
         assert (out / name.parent / download).resolve().read_bytes() == (ROOT / rel_nb).read_bytes()
 
 
+@BUILD_TIMEOUT
 def test_the_landing_page_is_the_depth_table(built):
     soup = _soup(built["out"] / "index.html")
     rows = [[c.get_text(" ", strip=True) for c in tr.find_all(["th", "td"])] for tr in soup.select("table tr")]
@@ -239,6 +245,7 @@ def test_the_landing_page_is_the_depth_table(built):
     assert soup.select_one("table a[href='beginner/01_one_rank_writes.html']")
 
 
+@BUILD_TIMEOUT
 def test_the_html_gives_away_no_solution_or_hidden_test(built):
     out = built["out"]
     for path in WITH_HIDDEN:
@@ -251,6 +258,7 @@ def test_the_html_gives_away_no_solution_or_hidden_test(built):
         assert not leaked, f"{name} shows solution or hidden-test blocks: {leaked[:2]}"
 
 
+@BUILD_TIMEOUT
 def test_every_image_says_what_the_figure_shows(built):
     out, seen = built["out"], 0
     for name in SITE_PAGES:
@@ -281,6 +289,7 @@ def test_html_outputs_are_cleaned_by_the_course_sanitizer():
     assert "<b>ok</b>" in html and "<script" not in html and "onerror" not in html, html
 
 
+@BUILD_TIMEOUT
 def test_internal_links_and_anchors_resolve(built):
     from urllib.parse import unquote, urlsplit
 
@@ -307,6 +316,7 @@ def test_internal_links_and_anchors_resolve(built):
     assert checked > 100, checked
 
 
+@BUILD_TIMEOUT
 def test_headings_are_in_order(built):
     for name in SITE_PAGES:
         levels = [int(h.name[1]) for h in _soup(built["out"] / name).find_all(re.compile(r"^h[1-6]$"))]
@@ -395,6 +405,7 @@ def test_axe_finds_a_violation_it_should(chromium):
         context.close()
 
 
+@BUILD_TIMEOUT
 def test_every_page_passes_axe_and_reflows_at_200_percent_zoom(chromium, served):
     import json
 
@@ -427,6 +438,7 @@ def test_every_page_passes_axe_and_reflows_at_200_percent_zoom(chromium, served)
 LAB_OWN = {"image-alt": [".jp-RenderedImage > img"]}
 
 
+@BUILD_TIMEOUT
 def test_a_lesson_in_jupyterlab_has_no_serious_axe_violation_in_what_the_course_wrote(
         chromium, built, tmp_path):
     """One lesson, executed (from the site's cache) and opened in JupyterLab: the cells' rendered
