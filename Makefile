@@ -7,6 +7,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the site's pinned npm tools, installed by `npm ci` (see node-deps below)
+SITE_NODE := site/node_modules/.installed
 PORT ?= 8888
 DEPTH ?= developer
 # Most of the suite waits (on timeouts the tests provoke, kernels, slow writes), so three
@@ -25,7 +27,7 @@ help:
 	@echo "make check      grade your own copy: make check DEPTH=developer"
 	@echo "make learner-bundle  the learners' copy of the course (no solutions/) in build/learner"
 	@echo "make bench      benchmarks (pool start-up, grading time, lint time)"
-	@echo "make site       every learner notebook executed (cached) into the MyST project build/site-src"
+	@echo "make site       the course as a website in build/site (notebooks executed, cached in build/site-cache)"
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is needed, found " + sys.version.split()[0] + ": run make PYTHON=/path/to/python3.11")'
@@ -65,7 +67,7 @@ sandbox-deps: $(STAMP)
 			apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
 		fi; $(BIN)/python -m course_tools.sandbox; }
 
-test: $(STAMP) browser-deps sandbox-deps
+test: $(STAMP) browser-deps sandbox-deps $(SITE_NODE)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 course: $(STAMP)
@@ -80,8 +82,7 @@ learner-bundle: $(STAMP)
 check: $(STAMP)
 	$(BIN)/python -m course_tools.selfcheck $(DEPTH)
 
-# The site's pinned npm tools (mystmd, axe-core): site/package-lock.json, installed with npm ci.
-SITE_NODE := site/node_modules/.installed
+# The site's pinned npm tools (mystmd, myst-to-html, axe-core): site/package-lock.json, installed with npm ci.
 node-deps:
 	@command -v npm >/dev/null || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
