@@ -7,6 +7,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the site's pinned npm tools, installed by `npm ci` (see node-deps below)
+SITE_NODE := site/node_modules/.installed
 PORT ?= 8888
 DEPTH ?= developer
 # Most of the suite waits (on timeouts the tests provoke, kernels, slow writes), so three
@@ -26,7 +28,7 @@ help:
 	@echo "make grade      grade the class's collected submissions in parallel: make grade ASSIGNMENT=developer [WORKERS=N] [SCHEDULER=tcp://host:port] [FORCE=1]"
 	@echo "make learner-bundle  the learners' copy of the course (no solutions/) in build/learner"
 	@echo "make bench      benchmarks (pool start-up, grading time, lint time)"
-	@echo "make site       every learner notebook executed (cached) into the MyST project build/site-src"
+	@echo "make site       the course as a website in build/site (notebooks executed, cached in build/site-cache)"
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is needed, found " + sys.version.split()[0] + ": run make PYTHON=/path/to/python3.11")'
@@ -73,7 +75,7 @@ db-deps:
 			apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; \
 		else echo "the gradebook tests need PostgreSQL's initdb: sudo apt-get install postgresql"; exit 1; fi; }
 
-test: $(STAMP) browser-deps sandbox-deps db-deps
+test: $(STAMP) browser-deps sandbox-deps db-deps $(SITE_NODE)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 course: $(STAMP)
@@ -93,8 +95,7 @@ grade: $(STAMP) sandbox-deps
 	$(BIN)/python -m course_tools.grade $(ASSIGNMENT) $(if $(WORKERS),--workers $(WORKERS),) \
 		$(if $(SCHEDULER),--scheduler $(SCHEDULER),) $(if $(FORCE),--force,)
 
-# The site's pinned npm tools (mystmd, axe-core): site/package-lock.json, installed with npm ci.
-SITE_NODE := site/node_modules/.installed
+# The site's pinned npm tools (mystmd, myst-to-html, axe-core): site/package-lock.json, installed with npm ci.
 node-deps:
 	@command -v npm >/dev/null || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
