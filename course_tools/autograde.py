@@ -14,17 +14,26 @@ README's instructor section. Every behaviour below is a configurable setting wit
   the kernel that holds the tests.
 * **Each submission's kernel runs in a sandbox** (``sandbox``; :mod:`course_tools.sandbox`):
   the course (solutions, other submissions, the gradebook) is out of sight, the only writable
-  place is the kernel's own temporary folder, every process lives in one PID namespace that
-  ends with the notebook, with limits on processes, file size, CPU time and memory. Without
-  bubblewrap the kernel's whole process tree is killed (this process is a child subreaper, so
-  double-forked daemons are caught too) and the log says that grading is not sandboxed.
+  places are a size-capped ``/tmp`` and the kernel's socket folder, every process lives in one
+  PID namespace that ends with the notebook and one network namespace with loopback only, with
+  limits on file size, CPU time and memory per process. The kernel talks over unix sockets
+  whose names, like its connection file, are removed before any cell runs, and it is
+  non-dumpable, so no rank can find its key. Without bubblewrap the kernel's whole process tree
+  is killed (this process is a child subreaper, so double-forked daemons are caught too) and
+  the log says that grading is not sandboxed.
+* **Each submission has one budget** (``budget*``; :mod:`course_tools.budget`): a cgroup that
+  counts all its processes together (memory, processes and threads, CPU share); the cell during
+  which a budget is exceeded fails and names it. Without cgroups the log says so.
+* **A grader that cannot grade stops** (``preflight``): before the first submission of a
+  notebook its reference answers run in the same sandbox; if a test fails, autograde exits
+  with what is wrong and how to fix it, and grades nobody.
 * **One submission never stops the class.** A kernel that dies, or a cell that does not stop
   when interrupted at its time limit, fails that cell and every later one ("not run"), so no
   later test counts as passed, while earlier tests keep their points; the log says which
   student and which cell.
 * **Output is capped in bytes** per cell (``max_output_bytes``), on top of ``LimitOutput``'s lines.
-* **Nothing is left behind**: the kernel's temporary folder is deleted, every process it
-  started is killed.
+* **Nothing is left behind**: the kernel's temporary folder is deleted whatever modes the
+  learner left in it, every process it started is killed, its cgroup removed.
 """
 
 from __future__ import annotations

@@ -160,9 +160,17 @@ def remove_tree(path: str) -> None:
 
 def main() -> int:
     """``python -m course_tools.sandbox``: say whether grading can be sandboxed here (exit 0 if so)."""
+    from course_tools import budget
+
+    group, no_budget = budget.create(budget.Budget())
+    if group is not None:
+        group.remove()
+    print("each submission gets a cgroup budget" if no_budget is None
+          else f"submissions get no cgroup budget here: {no_budget}")
     why = probe()
     if why is None:
-        print("grading is sandboxed with bubblewrap")
+        print("grading is sandboxed with bubblewrap" + ("" if sized_tmpfs() else
+              " (this bwrap cannot size a tmpfs: /tmp is not capped)"))
         return 0
     print(f"grading cannot be sandboxed here: {why}\n"
           "install it with: sudo apt-get install bubblewrap (Debian, Ubuntu); without it grading "

@@ -95,14 +95,9 @@ HOG = textwrap.dedent('''
 
 BOMB = textwrap.dedent('''
     def save_once(obj, path):
-        """A fork bomb: every process forks until a fork is refused, then holds its place."""
-        import os, time
-        while True:
-            try:
-                os.fork()
-            except OSError:
-                break
-        time.sleep(600)
+        """A fork bomb: a shell on every rank starts processes without end (each holds its place 3 s)."""
+        import subprocess
+        subprocess.run(["sh", "-c", "while :; do sleep 3 & done"], capture_output=True)
 ''')
 
 FILL = textwrap.dedent('''
@@ -236,7 +231,7 @@ def test_ranks_past_the_memory_budget_fail_with_the_budget_named_and_nothing_els
 def test_a_fork_bomb_stops_at_the_process_budget(graded):
     assert _lost(graded, "bomb") == SAVE, graded["graded"].shown("bomb", _lost(graded, "bomb"))
     text = _said(graded, "bomb", "test_save_once_only_rank0_writes")
-    assert "save_once() never finished: it hung for 15 s" in text, text  # the pool's timeout ended it
+    assert "No worker called torch.save" in text, text  # graded as usual, no hang, no crash
     assert "the submission's process budget of 256 processes and threads was reached" in text, text
 
 
