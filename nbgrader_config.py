@@ -47,6 +47,9 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 c.CourseExecute.sandbox = "auto"
+# Each submission gets one cgroup budget for all its processes (CourseExecute.budget_*: 4 GiB, 512
+# processes and threads, an equal CPU share) and a 1 GiB /tmp (scratch_bytes); before the first
+# submission the reference answers must pass in the same sandbox, or autograde stops (preflight).
 c.CourseExecute.max_output_bytes = 1_000_000
 # Output a submission may print into a cell before it is cut (huge prints stay harmless).
 c.LimitOutput.max_lines = 500

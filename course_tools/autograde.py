@@ -14,27 +14,38 @@ README's instructor section. Every behaviour below is a configurable setting wit
   the kernel that holds the tests.
 * **Each submission's kernel runs in a sandbox** (``sandbox``; :mod:`course_tools.sandbox`):
   the course (solutions, other submissions, the gradebook) is out of sight, the only writable
-  place is the kernel's own temporary folder, every process lives in one PID namespace that
-  ends with the notebook, with limits on processes, file size, CPU time and memory. Without
-  bubblewrap the kernel's whole process tree is killed (this process is a child subreaper, so
-  double-forked daemons are caught too) and the log says that grading is not sandboxed.
+  places are a size-capped ``/tmp`` and the kernel's socket folder, every process lives in one
+  PID namespace that ends with the notebook and one network namespace with loopback only, with
+  limits on file size, CPU time and memory per process. The kernel talks over unix sockets
+  whose names, like its connection file, are removed before any cell runs, and it is
+  non-dumpable, so no rank can find its key. Without bubblewrap the kernel's whole process tree
+  is killed (this process is a child subreaper, so double-forked daemons are caught too) and
+  the log says that grading is not sandboxed.
+* **Each submission has one budget** (``budget*``; :mod:`course_tools.budget`): a cgroup that
+  counts all its processes together (memory, processes and threads, CPU share); the cell during
+  which a budget is exceeded fails and names it. Without cgroups the log says so.
+* **A grader that cannot grade stops** (``preflight``): before the first submission of a
+  notebook its reference answers run in the same sandbox; if a test fails, autograde exits
+  with what is wrong and how to fix it, and grades nobody.
 * **One submission never stops the class.** A kernel that dies, or a cell that does not stop
   when interrupted at its time limit, fails that cell and every later one ("not run"), so no
   later test counts as passed, while earlier tests keep their points; the log says which
   student and which cell.
 * **Output is capped in bytes** per cell (``max_output_bytes``), on top of ``LimitOutput``'s lines.
-* **Nothing is left behind**: the kernel's temporary folder is deleted, every process it
-  started is killed.
+* **Nothing is left behind**: the kernel's temporary folder is deleted whatever modes the
+  learner left in it, every process it started is killed, its cgroup removed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import json
 import os
-import shutil
 import signal
 import sys
 import tempfile
+import time
 
 import psutil
 from jupyter_client.manager import AsyncKernelManager
@@ -42,11 +53,12 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
-from traitlets import Bool, Enum, Integer, List, Unicode
+from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
 from course_tools import ROOT, has_graded_cells
 from course_tools import definitions
 from helpers.lint.feedback import add_lint_feedback
+from course_tools import budget as _budget
 from course_tools import sandbox as _sandbox
 
 __all__ = ["CourseExecute", "TrustedMetadata", "HideHiddenTests"]
@@ -55,13 +67,39 @@ __all__ = ["CourseExecute", "TrustedMetadata", "HideHiddenTests"]
 _KERNEL_ENV = {"LANG", "LC_ALL", "NBGRADER_EXECUTION", "PYTHONWARNINGS", "OMP_NUM_THREADS"}
 
 
+#: (assignment, notebook) -> (what is wrong or None, seconds): one preflight per autograde run.
+_PREFLIGHT: dict[tuple, tuple[str | None, float]] = {}
+
+
 def _error(ename: str, evalue: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=evalue,
                         traceback=[f"{ename}: {evalue}"])
 
 
+#: How the sandboxed kernel starts: it makes itself non-dumpable first (PR_SET_DUMPABLE 0), so a
+#: process of the same user (a rank) can neither ptrace it nor read its /proc/<pid>/mem, environ
+#: or fd, where the connection key would be; then it is ipykernel_launcher.
+KERNEL_BOOT = (
+    "import ctypes, sys\n"
+    "if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:\n"
+    "    sys.exit('the grading kernel could not make itself non-dumpable')\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "from ipykernel import kernelapp\n"
+    "kernelapp.launch_new_instance()\n")
+#: Where the sandboxed kernel finds its connection file (a read-only folder, emptied once the
+#: kernel is ready) and makes its sockets (jupyter's IPC transport: the sandbox has no network).
+KEY_DIR, SOCKET_DIR = "/run/key", "/run/kernel"
+
+
 class SandboxedKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernel command is wrapped in :func:`course_tools.sandbox.command`."""
+    """A kernel manager whose kernel command is wrapped in :func:`course_tools.sandbox.command`.
+
+    Sandboxed, the kernel talks over unix sockets in a folder bound into the sandbox
+    (``transport="ipc"``); its connection file is a copy in a read-only folder of the sandbox
+    that the grader empties as soon as the kernel has answered (:meth:`forget_key`), before
+    any cell runs, and the kernel is non-dumpable (:data:`KERNEL_BOOT`). Nothing a rank can
+    read then holds the key."""
 
     sandbox_options: dict = {}
 
@@ -69,18 +107,38 @@ class SandboxedKernelManager(AsyncKernelManager):
         cmd = super().format_kernel_cmd(extra_arguments)
         opts = dict(self.sandbox_options)
         if not opts.get("bwrap"):  # no sandbox: resource limits only
-            return opts["limits"].prlimit() + cmd
+            return _budget.join_command(opts.get("group"), opts["limits"].prlimit() + cmd)
         connection = self.connection_file
-        # the kernel reads its connection file as the sandbox's unprivileged user: a copy it owns
-        private = opts.pop("private")
-        copy = os.path.join(private, "kernel.json")
-        shutil.copy(connection, copy)
-        if os.geteuid() == 0:
+        key_dir, socket_dir = opts["key_dir"], opts["socket_dir"]
+        with open(connection) as f:
+            info = json.load(f)
+        info["ip"] = os.path.join(SOCKET_DIR, os.path.basename(self.ip))
+        copy = os.path.join(key_dir, "kernel.json")
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f)
+        if os.geteuid() == 0:  # the kernel runs as the sandbox's unprivileged user
             os.chown(copy, _sandbox.UNPRIVILEGED, _sandbox.UNPRIVILEGED)
-        os.chmod(copy, 0o400)
-        cmd = ["/run/kernel.json" if c == connection else c for c in cmd]
-        return _sandbox.command(cmd, readable=opts["readable"] + [(copy, "/run/kernel.json")],
-                                writable=opts["writable"], env=opts["env"], limits=opts["limits"])
+            os.chown(socket_dir, _sandbox.UNPRIVILEGED, _sandbox.UNPRIVILEGED)
+        cmd = [os.path.join(KEY_DIR, "kernel.json") if c == connection else c for c in cmd]
+        for i in range(len(cmd) - 1):
+            if cmd[i] == "-m" and cmd[i + 1] == "ipykernel_launcher":
+                cmd[i:i + 2] = ["-c", KERNEL_BOOT]
+                break
+        return _sandbox.command(cmd, readable=opts["readable"] + [(key_dir, KEY_DIR)],
+                                rw=[(socket_dir, SOCKET_DIR)], writable=opts["writable"],
+                                env=opts["env"], limits=opts["limits"],
+                                scratch_bytes=opts["scratch_bytes"], cgroup=opts.get("group"))
+
+    def forget_key(self) -> None:
+        """Remove the kernel's connection file and its sockets' names from the sandbox: the
+        connections made stay, no new one can be made (call once the client is connected)."""
+        opts = self.sandbox_options
+        if not opts.get("bwrap"):
+            return
+        for folder in (opts["key_dir"], opts["socket_dir"]):
+            for name in os.listdir(folder):
+                _sandbox.remove_tree(os.path.join(folder, name))
 
 
 def _set_child_subreaper() -> bool:
@@ -122,11 +180,50 @@ class CourseExecute(Execute):
         "Bytes of output one cell may keep in the autograded notebook (and so in the feedback "
         "page); the rest is cut, with a note saying how much."
     )).tag(config=True)
-    limit_processes = Integer(256, help="Processes the sandboxed user may run at once (RLIMIT_NPROC).").tag(config=True)
+    limit_processes = Integer(256, help=(
+        "Processes the sandboxed user may run at once (RLIMIT_NPROC, counted per user, so "
+        "shared by every sandbox); used only where no cgroup budget counts the submission."
+    )).tag(config=True)
     limit_file_bytes = Integer(512 * 2**20, help="Largest file a sandboxed process may write (RLIMIT_FSIZE).").tag(config=True)
     limit_cpu_seconds = Integer(900, help="CPU seconds per sandboxed process (RLIMIT_CPU).").tag(config=True)
     limit_memory_bytes = Integer(16 * 2**30, help=(
         "Address space per sandboxed process (RLIMIT_AS); torch reserves far more than it uses."
+    )).tag(config=True)
+    budget = Enum(["auto", "required", "off"], "auto", help=(
+        "Give each submission one cgroup (course_tools/budget.py) that counts all its processes "
+        "together: memory, processes and threads, CPU share. 'required': grading fails if the "
+        "cgroup cannot be made; 'auto': without cgroups (a non-root grader without a delegated "
+        "subtree) the log says the submission has no budget, and only the per-process limits "
+        "hold; 'off': never."
+    )).tag(config=True)
+    budget_memory_bytes = Integer(4 * 2**30, help=(
+        "Memory of all of one submission's processes together (cgroup memory.max, or "
+        "memory.limit_in_bytes on cgroup v1; its scratch tmpfs counts too). Past it the "
+        "system kills one of that submission's processes, the cell fails and says so."
+    )).tag(config=True)
+    budget_processes = Integer(512, help=(
+        "Processes and threads one submission may run at once (cgroup pids.max); a fork past "
+        "it fails and the cell says the process budget was reached (a fork bomb stops here)."
+    )).tag(config=True)
+    budget_cpu_weight = Integer(100, help=(
+        "One submission's share of the CPU against everything else (cgroup cpu.weight, "
+        "1-10000, 100 is the default share; cpu.shares = weight * 1024 / 100 on cgroup v1): "
+        "a submission running many busy ranks gets no more CPU than one running two."
+    )).tag(config=True)
+    budget_cpus = Float(0.0, help=(
+        "A hard cap on one submission's CPU time, in cores (cgroup cpu.max / cpu.cfs_quota_us); "
+        "0: no cap beyond the share."
+    )).tag(config=True)
+    scratch_bytes = Integer(1 * 2**30, help=(
+        "Size of the sandbox's /tmp (a tmpfs, bwrap --size; the only place a submission writes "
+        "files): a write past it fails with 'No space left on device' and the cell says that "
+        "the scratch budget was exceeded. Files vanish with the sandbox."
+    )).tag(config=True)
+    preflight = Bool(True, help=(
+        "Before the first submission of each notebook, check that the sandbox can import "
+        "helpers and run a 2-rank pool, and that the release's reference answers (the source "
+        "notebook) pass every test in the same sandbox; if not, autograde stops (exit code 1) "
+        "with what is wrong and how to fix it, and grades nobody. Once per autograde run."
     )).tag(config=True)
     sandbox_readable = List(Unicode(), help=(
         "Extra paths the sandboxed kernel may read (besides the system's, the Python "
@@ -141,6 +238,7 @@ class CourseExecute(Execute):
             return nb, resources
         resources = resources if resources is not None else {}
         info = resources.get("nbgrader", {})
+        self._preflight(info)
         self._who = f"{info.get('student', '?')}/{info.get('assignment', '?')}/{info.get('notebook', '?')}"
         self._trusted = self._instructor_cells(info)
         meta = resources.setdefault("metadata", {})
@@ -151,7 +249,12 @@ class CourseExecute(Execute):
         self._stopped = None
         self._kernel_family: dict[int, psutil.Process] = {}
         self._use_sandbox = self._sandbox_wanted()
+        self._group = self._budget_group()
+        self._seen = (0, 0)  # the group's OOM kills and refused forks before the current cell
+        self._tmpfs_scratch = self._use_sandbox and _sandbox.sized_tmpfs()
         if self._use_sandbox:
+            for sub in ("key", "ipc"):
+                os.mkdir(os.path.join(self._private, sub), 0o755 if sub == "key" else 0o700)
             if os.geteuid() == 0:
                 os.chown(workdir, _sandbox.UNPRIVILEGED, _sandbox.UNPRIVILEGED)
             meta["path"] = self._private  # where bwrap starts; the kernel's cwd is inside the sandbox
@@ -165,11 +268,183 @@ class CourseExecute(Execute):
             return super().preprocess(nb, resources, km)
         finally:
             self._kill_family()
+            if self._group is not None:
+                peak = self._group.memory_peak()
+                if not self._group.remove():
+                    self.log.error("The cgroup of %s could not be removed: %s", self._who, self._group.folders)
+                if peak is not None:
+                    self.log.info("Budget of %s: peak memory %s of %s", self._who, _budget.gib(peak),
+                                  _budget.gib(self.budget_memory_bytes))
             if original_path is None:
                 meta.pop("path", None)
             else:
                 meta["path"] = original_path
-            shutil.rmtree(self._private, ignore_errors=True)
+            _sandbox.remove_tree(self._private)
+
+    def _budget_group(self):
+        if self.budget == "off":
+            return None
+        group, why = _budget.create(self._budget())
+        if group is None:
+            if self.budget == "required":
+                raise RuntimeError(f"CourseExecute.budget = 'required' but no cgroup can be made: {why}")
+            self.log.warning("Grading has NO per-submission budget (%s): memory, processes and CPU "
+                             "share are limited per process only, so one submission can starve "
+                             "others graded beside it: %s", why, self._who)
+        return group
+
+    def _budget(self) -> _budget.Budget:
+        return _budget.Budget(self.budget_memory_bytes, self.budget_processes, self.budget_cpu_weight,
+                              self.budget_cpus)
+
+    # ------------------------------------------------------------------ preflight
+
+    def _preflight(self, info: dict) -> None:
+        """Stop autograde before the first submission if this grader cannot grade (once per
+        notebook per run): the reference answers must pass in the same sandbox."""
+        if not self.preflight or getattr(self, "_in_preflight", False) or not info.get("assignment"):
+            return
+        key = (info["assignment"], info.get("notebook"))
+        if key not in _PREFLIGHT:
+            t0 = time.monotonic()
+            problem = self._run_preflight(info)
+            _PREFLIGHT[key] = (problem, time.monotonic() - t0)
+            if problem is None:
+                self.log.info("Preflight passed in %.1f s: the reference answers of %s/%s pass every "
+                              "test in the grading sandbox.", _PREFLIGHT[key][1], *key)
+        problem, seconds = _PREFLIGHT[key]
+        if problem is None:
+            return
+        self.log.error("Autograde stopped before grading anyone (preflight, %.1f s): %s", seconds, problem)
+        self._remove_partial(info)
+        raise SystemExit(1)
+
+    def _source_notebook(self, info: dict) -> str | None:
+        from nbgrader.coursedir import CourseDirectory
+
+        converter = getattr(getattr(self, "parent", None), "parent", None)
+        coursedir = getattr(converter, "coursedir", None) or CourseDirectory(config=self.config)
+        path = os.path.join(coursedir.format_path(coursedir.source_directory, ".", info["assignment"]),
+                            f"{info['notebook']}.ipynb")
+        return path if os.path.exists(path) else None
+
+    def _remove_partial(self, info: dict) -> None:
+        """The autograded folder nbgrader made for the submission it was about to grade."""
+        converter = getattr(getattr(self, "parent", None), "parent", None)
+        try:
+            dest = converter._format_dest(info["assignment"], info["student"])
+        except Exception:  # noqa: BLE001 - not run by nbgrader's autograde: nothing was made
+            return
+        if os.path.isdir(dest):
+            _sandbox.remove_tree(dest)
+
+    def _run_preflight(self, info: dict) -> str | None:
+        """What is wrong, or ``None``: the source notebook (the reference answers and every
+        test, hidden ones included) run through this same execute step; if a test fails, a
+        small script in the same sandbox says whether helpers and a 2-rank pool work at all."""
+        import nbformat
+
+        source = self._source_notebook(info)
+        if source is None:
+            return None  # a course without its source notebooks (a learner's copy): nothing to compare
+        step = type(self)(parent=getattr(self, "parent", None),
+                          **{n: getattr(self, n) for n in self.trait_names(config=True)})
+        step.log = self.log
+        step._in_preflight = True
+        nb = nbformat.read(source, as_version=4)
+        if not any("BEGIN SOLUTION" in c.source for c in nb.cells
+                   if c.get("metadata", {}).get("nbgrader", {}).get("solution")):
+            # a learner's copy (make check): its "source" is the release, stubs and all
+            self.log.info("Preflight: %s holds no reference answers; not run.", source)
+            return None
+        resources = {"nbgrader": {**info, "student": "(preflight: reference answers)"},
+                     "metadata": {"path": os.path.dirname(source)}}
+        nb, _ = step.preprocess(nb, resources)
+        from nbgrader.utils import determine_grade
+
+        failed = {}
+        for cell in nb.cells:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+                continue
+            score, points = determine_grade(cell)  # nbgrader's own rule: an error or any stderr fails
+            if score is not None and score < points:
+                bad = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"
+                       or o.get("name") == "stderr"]
+                said = (f"{bad[0].get('ename')}: {bad[0].get('evalue', '')}" if bad and bad[0].get("ename")
+                        else f"it wrote to stderr: {bad[0].get('text', '')}" if bad else "no points")
+                failed[meta.get("grade_id", "?")] = said.strip()[:300]
+        if not failed:
+            return None
+        why = self._smoke_test()
+        shown = "; ".join(f"{g}: {e}" for g, e in list(failed.items())[:3])
+        if why:
+            return f"{why} (so the reference answers of {source} fail {len(failed)} tests, e.g. {shown})"
+        return (f"the reference answers of {source} fail {len(failed)} of their tests in the grading "
+                f"sandbox ({shown}), so every learner would lose those points too. Run the source "
+                f"notebook (or `make check`) to see why; fix the course or its environment before "
+                f"grading.")
+
+    def _smoke_test(self) -> str | None:
+        """Can the sandbox import helpers and run a 2-rank pool? ``None``, or what is wrong."""
+        import subprocess
+
+        script = ("import sys\n"
+                  "try:\n    import helpers\n"
+                  "except Exception as e:\n    print('IMPORT', type(e).__name__, e); sys.exit(3)\n"
+                  "from helpers.spawn import run\n"
+                  "def f():\n    import torch, torch.distributed as dist\n"
+                  "    t = torch.ones(1)\n    dist.all_reduce(t)\n    return t.item()\n"
+                  "print('POOL', run(f, world_size=2, timeout=60, echo=False))\n")
+        cmd = [sys.executable, "-c", script]
+        self._who = "(preflight: can the sandbox run helpers)"
+        self._private = tempfile.mkdtemp(prefix="course-grading-")
+        self._group = self._budget_group()
+        self._use_sandbox = self._sandbox_wanted()
+        self._tmpfs_scratch = self._use_sandbox and _sandbox.sized_tmpfs()
+        self._workdir = os.path.join(self._private, "tmp")
+        os.mkdir(self._workdir)
+        try:
+            opts = self._sandbox_options(self._kernel_env())
+            if self._use_sandbox:
+                if os.geteuid() == 0:
+                    os.chown(self._workdir, _sandbox.UNPRIVILEGED, _sandbox.UNPRIVILEGED)
+                cmd = _sandbox.command(cmd, readable=opts["readable"], writable=opts["writable"],
+                                       env=opts["env"], limits=opts["limits"],
+                                       scratch_bytes=opts["scratch_bytes"], cgroup=opts["group"])
+                env = _sandbox.CLEAN_ENV
+            else:
+                cmd, env = _budget.join_command(opts["group"], opts["limits"].prlimit() + cmd), opts["env"]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=self._private,
+                                     timeout=self.startup_timeout + 120)
+                text, code = out.stdout + out.stderr, out.returncode
+            except subprocess.TimeoutExpired:
+                text, code = "(no answer)", -1
+        finally:
+            if self._group is not None:
+                self._group.remove()
+            _sandbox.remove_tree(self._private)
+        if code == 0 and "POOL [2.0, 2.0]" in text:
+            return None
+        if "IMPORT" in text:
+            error = text.split("IMPORT", 1)[1].strip().splitlines()[0]
+            found = subprocess.run([sys.executable, "-I", "-c", "import helpers; print(helpers.__file__)"],
+                                   capture_output=True, text=True, cwd="/").stdout.strip()
+            ours = str(ROOT / "helpers")
+            where = (f"that environment imports helpers from {os.path.dirname(found)} (another "
+                     f"checkout's install?)" if found and not found.startswith(ours + os.sep)
+                     else "that environment does not install helpers")
+            return (f"the grading sandbox cannot import helpers ({error}): the sandbox shows this "
+                    f"course's helpers ({ours}) and the Python environment {sys.prefix}, but "
+                    f"{where}. Fix: install this course into the environment "
+                    f"(`{sys.executable} -m pip install --no-deps -e {ROOT}`, or `make setup` in "
+                    f"{ROOT}), or run autograde with the environment of the checkout it was made for")
+        tail = "\n".join(text.strip().splitlines()[-6:])
+        return (f"the grading sandbox could not run a 2-rank pool of helpers.spawn (exit code {code}): "
+                f"{tail}. Check that the sandbox's user can read the Python environment "
+                f"({os.path.realpath(sys.executable)}: a grader that is not root cannot read an "
+                f"interpreter under /root) and that `python -m course_tools.sandbox` works")
 
     def _sandbox_wanted(self) -> bool:
         if self.sandbox == "off":
@@ -200,22 +475,36 @@ class CourseExecute(Execute):
     # ------------------------------------------------------------------ the kernel
 
     def _limits(self):
-        return _sandbox.Limits(self.limit_processes, self.limit_file_bytes, self.limit_cpu_seconds,
-                               self.limit_memory_bytes)
+        counted = self._group is not None and "pids" in self._group.folders
+        return _sandbox.Limits(None if counted else self.limit_processes, self.limit_file_bytes,
+                               self.limit_cpu_seconds, self.limit_memory_bytes)
 
     def create_kernel_manager(self):
         self.kernel_manager_class = SandboxedKernelManager
         km = super().create_kernel_manager()
+        env = self._kernel_env()
+        km.sandbox_options = self._sandbox_options(env)
+        if self._use_sandbox:  # no network in the sandbox: the kernel's sockets are unix sockets
+            km.transport = "ipc"
+            km.connection_file = os.path.join(self._private, "kernel.json")
+            km.ip = os.path.join(self._private, "ipc", "k")
+        return km
+
+    def _kernel_env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if k in _KERNEL_ENV or k.startswith("COURSE_")}
         env.update({"HOME": "/tmp/home", "TMPDIR": "/tmp", "IPYTHONDIR": "/tmp/home/.ipython",
                     "MPLCONFIGDIR": "/tmp/home/.matplotlib", "COURSE_CELL_TIMEOUT": str(self.timeout),
                     "PATH": os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"})
-        km.sandbox_options = {
-            "bwrap": self._use_sandbox, "private": self._private, "writable": self._workdir,
-            "env": env, "limits": self._limits(),
+        return env
+
+    def _sandbox_options(self, env: dict) -> dict:
+        return {
+            "bwrap": self._use_sandbox, "group": self._group,
+            "writable": None if self._tmpfs_scratch else self._workdir,
+            "scratch_bytes": self.scratch_bytes, "env": env, "limits": self._limits(),
+            "key_dir": os.path.join(self._private, "key"), "socket_dir": os.path.join(self._private, "ipc"),
             "readable": [sys.prefix, str(ROOT / "helpers")] + list(self.sandbox_readable),
         }
-        return km
 
     async def async_start_new_kernel(self, **kwargs):
         env = dict(kwargs.pop("env", None) or os.environ)
@@ -223,6 +512,31 @@ class CourseExecute(Execute):
         await super().async_start_new_kernel(env=env, **kwargs)
 
     start_new_kernel = run_sync(async_start_new_kernel)
+
+    async def async_start_new_kernel_client(self):
+        kc = await super().async_start_new_kernel_client()
+        if self._use_sandbox:
+            # every channel the grader uses is connected (the control channel answers too), so
+            # the key and the sockets' names can go before any cell runs
+            msg = kc.session.msg("kernel_info_request")
+            kc.control_channel.send(msg)
+            deadline = time.monotonic() + self.startup_timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError("the grading kernel did not answer on its control channel")
+                try:
+                    reply = await kc.control_channel.get_msg(timeout=left)
+                except asyncio.TimeoutError:
+                    continue
+                except Exception:  # queue.Empty from jupyter_client
+                    continue
+                if reply.get("parent_header", {}).get("msg_id") == msg["header"]["msg_id"]:
+                    break
+            self.km.forget_key()
+        return kc
+
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)
 
     # ------------------------------------------------------------------ one cell
 
@@ -263,8 +577,33 @@ class CourseExecute(Execute):
             self._stop_kernel()
             return cell, self.resources
         finally:
+            self._check_budget(cell)
             self._cap_output(cell)
             self._remember_family()
+
+    def _check_budget(self, cell) -> None:
+        """A cell during which the submission exceeded a budget fails, saying which one."""
+        errors = []
+        if self._group is not None:
+            seen = (self._group.oom_kills(), self._group.refused_forks())
+            if seen[0] > self._seen[0]:
+                errors.append(_error("MemoryBudgetExceeded", (
+                    f"the submission's memory budget of {_budget.gib(self.budget_memory_bytes)} was "
+                    "exceeded (all its processes together): the system killed one of them, so this "
+                    "cell fails.")))
+            if seen[1] > self._seen[1]:
+                errors.append(_error("ProcessBudgetExceeded", (
+                    f"the submission's process budget of {self.budget_processes} processes and "
+                    "threads was reached: starting another one failed, so this cell fails.")))
+            self._seen = seen
+        if self._tmpfs_scratch and any("No space left on device" in str(o.get("evalue", "")) + str(o.get("text", ""))
+                                       for o in cell.get("outputs", [])):
+            errors.append(_error("ScratchBudgetExceeded", (
+                f"the submission's scratch space of {_budget.gib(self.scratch_bytes)} (its /tmp, "
+                "where every file it writes goes) was full, so this cell fails.")))
+        if errors:
+            cell.setdefault("outputs", []).extend(errors)
+            self.log.warning("%s: %s", self._who, "; ".join(e["evalue"] for e in errors))
 
     def _refuse(self, cell, resources, index, problems):
         """Do not run the learner's cell; define its names as refusals that explain why."""
@@ -339,6 +678,12 @@ class CourseExecute(Execute):
         if not self.kill_processes:
             return
         procs = list(self._kernel_family.values())
+        if self._group is not None:  # every process of the submission, wherever it went
+            for pid in self._group.pids():
+                try:
+                    procs.append(psutil.Process(pid))
+                except psutil.Error:
+                    pass
         # orphans re-parented to this process (a child subreaper): daemons the kernel made; the
         # children this process had before the notebook are not the kernel's and are left alone
         procs += [p for p in self._own_children() if p.pid not in self._children_before]
