@@ -392,6 +392,26 @@ class Course:
         config = self.root / "nbgrader_config.py"
         self.config_text = config.read_text() if config.exists() else ""
 
+    def preflight(self) -> str | None:
+        """The course's preflight, once, here, before any submission goes out: the reference
+        answers of each notebook must pass in this machine's sandbox (what ``nbgrader autograde``
+        checks before its first student; a task's private course holds no source to check).
+        ``None``, or what is wrong and how to fix it."""
+        from traitlets.utils.importstring import import_item
+
+        step_class = import_item(self.task_pps[_execute_index(self.task_pps)])
+        if not hasattr(step_class, "_run_preflight"):
+            return None  # not the course's execute step: it has no preflight
+        step = step_class(config=self.app.config)
+        if not step.preflight:
+            return None
+        source = Path(self.coursedir.format_path(self.coursedir.source_directory, ".", self.assignment))
+        for nb in sorted(source.glob("*.ipynb")):
+            problem = step._run_preflight({"assignment": self.assignment, "notebook": nb.stem})
+            if problem:
+                return f"{nb.name}: {problem}"
+        return None
+
     def folder(self, tree: str, student: str) -> Path:
         return Path(self.coursedir.format_path(tree, student, self.assignment))
 
@@ -574,6 +594,12 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
               file=out, flush=True)
         if not todo:
             return 0
+        t0 = time.monotonic()
+        problem = course.preflight()
+        if problem:
+            print(f"grading stopped before any submission (preflight, {time.monotonic() - t0:.0f} s): "
+                  f"{problem}", file=out, flush=True)
+            return 1
         gradebook = task_gradebook(course.db_url)
         bound = course.bound()
         mark = os.environ.get(TASK_MARK) or f"{os.getpid()}-{time.time_ns()}"

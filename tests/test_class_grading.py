@@ -271,3 +271,22 @@ def test_class_report(plain, tmp_path):
     assert "test_halve                               passed by 2/4 (50%)" in printed
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
     assert "s2" in printed and "late (penalty 3)" in printed and "s3" in printed
+
+
+def test_a_grader_that_cannot_grade_stops_before_the_first_submission(tmp_path):
+    """The course's preflight runs once, in the instructor's process, before any task goes out:
+    a reference answer that fails its test (here the source's `double` was broken after the
+    release) stops the run with what is wrong, and nobody gets a row of zeros."""
+    course = make_class(tmp_path / "course", students=("s1",))
+    source = course / "solutions" / ASSIGNMENT / NOTEBOOK
+    nb = nbformat.read(source, as_version=4)
+    (cell,) = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "double"]
+    cell.source = cell.source.replace("return 2 * x", "return 3 * x")
+    nbformat.write(nb, source)
+    proc = grade(course, "--workers", "1")
+    assert proc.returncode == 1
+    assert "grading stopped before any submission (preflight" in proc.stderr
+    assert "test_double" in proc.stderr and "fix the course or its environment" in proc.stderr
+    assert "graded s1" not in proc.stderr
+    assert gradebook_rows(sqlite(course), ["s1"])["s1"] is None
+    assert not (course / "autograded").exists()
