@@ -7,6 +7,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the site's pinned npm tools, installed by `npm ci` (see node-deps below)
+SITE_NODE := site/node_modules/.installed
 PORT ?= 8888
 DEPTH ?= developer
 # Most of the suite waits (on timeouts the tests provoke, kernels, slow writes), so three
@@ -15,7 +17,7 @@ DEPTH ?= developer
 PYTEST_ARGS ?= -n 3 --durations=15
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help setup lab test course release bench check browser-deps sandbox-deps learner-bundle site node-deps clean
+.PHONY: help setup lab test course release bench check grade browser-deps sandbox-deps db-deps learner-bundle site node-deps clean
 
 help:
 	@echo "make lab        set up .venv and open JupyterLab at the start notebook"
@@ -23,9 +25,10 @@ help:
 	@echo "make course     execute every notebook with papermill into build/ (QUICK=1 for CI sizes, ONLY=text to pick)"
 	@echo "make release    regenerate notebooks/ from solutions/ with nbgrader"
 	@echo "make check      grade your own copy: make check DEPTH=developer"
+	@echo "make grade      grade the class's collected submissions in parallel: make grade ASSIGNMENT=developer [WORKERS=N] [SCHEDULER=tcp://host:port] [FORCE=1]"
 	@echo "make learner-bundle  the learners' copy of the course (no solutions/) in build/learner"
 	@echo "make bench      benchmarks (pool start-up, grading time, lint time)"
-	@echo "make site       every learner notebook executed (cached) into the MyST project build/site-src"
+	@echo "make site       the course as a website in build/site (notebooks executed, cached in build/site-cache)"
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is needed, found " + sys.version.split()[0] + ": run make PYTHON=/path/to/python3.11")'
@@ -65,7 +68,14 @@ sandbox-deps: $(STAMP)
 			apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
 		fi; $(BIN)/python -m course_tools.sandbox; }
 
-test: $(STAMP) browser-deps sandbox-deps
+# PostgreSQL for the tests of a shared gradebook (tests/pg.py starts a throw-away server)
+db-deps:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; \
+		else echo "the gradebook tests need PostgreSQL's initdb: sudo apt-get install postgresql"; exit 1; fi; }
+
+test: $(STAMP) browser-deps sandbox-deps db-deps $(SITE_NODE)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 course: $(STAMP)
@@ -80,8 +90,12 @@ learner-bundle: $(STAMP)
 check: $(STAMP)
 	$(BIN)/python -m course_tools.selfcheck $(DEPTH)
 
-# The site's pinned npm tools (mystmd, axe-core): site/package-lock.json, installed with npm ci.
-SITE_NODE := site/node_modules/.installed
+ASSIGNMENT ?= developer
+grade: $(STAMP) sandbox-deps
+	$(BIN)/python -m course_tools.grade $(ASSIGNMENT) $(if $(WORKERS),--workers $(WORKERS),) \
+		$(if $(SCHEDULER),--scheduler $(SCHEDULER),) $(if $(FORCE),--force,)
+
+# The site's pinned npm tools (mystmd, myst-to-html, axe-core): site/package-lock.json, installed with npm ci.
 node-deps:
 	@command -v npm >/dev/null || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -8,7 +8,7 @@ from bench import pool
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--only", choices=["pool", "grading", "lint"], help="run one benchmark")
+    ap.add_argument("--only", choices=["pool", "grading", "lint", "class"], help="run one benchmark")
     args = ap.parse_args(argv)
     ok = True
     if args.only in (None, "pool"):
@@ -24,6 +24,10 @@ def main(argv=None) -> int:
         from bench import lint
 
         ok &= lint.main()
+    if args.only in (None, "class"):
+        from bench import class_grading
+
+        ok &= class_grading.main()
     return 0 if ok else 1
 
 

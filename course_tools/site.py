@@ -1,4 +1,4 @@
-"""`make site`: the course as a website, built with Jupyter Book 2 (the MyST toolchain) into build/site/.
+"""`make site`: the course as a website, built with the MyST toolchain (Jupyter Book 2's) into build/site/.
 
 Steps, each one a function the tests reuse:
 
@@ -14,8 +14,9 @@ Steps, each one a function the tests reuse:
    the lesson on the course's JupyterHub (an nbgitpuller link) and to the notebook's download.
 3. :func:`write_project` writes the MyST project (``myst.yml`` with the pages in the course's
    order, the landing page from the README's depth table) and :func:`build_html` runs
-   ``myst build --html`` from the locally installed MyST and theme (``site/``, installed by
-   ``make site`` with ``npm ci``: nothing is downloaded at build time).
+   ``myst build --site`` (MyST parses every page into its AST) and ``site/render.mjs``, which
+   renders that AST to HTML with myst-to-html and the course's own handlers and page template
+   (``site/``, installed by ``make site`` with ``npm ci``: nothing is downloaded at build time).
 
 Where the launch links point is set here, in :data:`HUB`, or by the environment variables it names.
 """
@@ -52,7 +53,7 @@ CACHE = BUILD / "site-cache"
 PROJECT = BUILD / "site-src"
 OUT = BUILD / "site"
 #: Bump when what is cached changes shape (a new step below), so old entries are not reused.
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"
 CELL_TIMEOUT = 600
 
 
@@ -74,11 +75,27 @@ def _files(folder: Path) -> list[Path]:
 
 
 def cache_key(notebook: Path, root: Path = ROOT) -> str:
-    """What the executed page depends on: the notebook, the files beside it, helpers/, the sizes."""
-    h = hashlib.sha256(f"v{CACHE_VERSION} quick".encode())
+    """What the executed page depends on: the notebook, the files beside it, helpers/, the sizes
+    and the build's first cell."""
+    h = hashlib.sha256(f"v{CACHE_VERSION} quick\0{FIGURE_NOTES_CELL}".encode())
     for path in [notebook, *_files(notebook.parent), *_files(root / "helpers")]:
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:20]
+
+
+#: The first cell of a build run (removed from the page): every figure the inline backend shows
+#: carries, in its output's metadata, the titles and axis labels it was drawn with, so that the page
+#: can say in the image's alt text what the figure shows (its title states the finding).
+FIGURE_NOTES = "site-figure-notes"
+FIGURE_NOTES_CELL = """import matplotlib_inline.backend_inline as _site_bi
+def _site_notes(fig, _fetch=_site_bi._fetch_figure_metadata):
+    md = dict(_fetch(fig) or {})
+    sup = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) else ""
+    md["%s"] = {"suptitle": sup, "axes": [{"titles": [ax.get_title(loc) for loc in ("left", "center", "right")],
+        "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel()} for ax in fig.axes if ax.get_visible()]}
+    return md
+_site_bi._fetch_figure_metadata = _site_notes
+del _site_bi, _site_notes""" % FIGURE_NOTES
 
 
 def _graded(cell) -> bool:
@@ -100,6 +117,9 @@ def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE) -> tuple[Pat
     for cell in nb.cells:                # the learner's empty answers fail: run on past them
         if _graded(cell):
             cell.metadata.setdefault("tags", []).append("raises-exception")
+    notes = nbformat.v4.new_code_cell(FIGURE_NOTES_CELL)
+    notes.metadata["tags"] = [FIGURE_NOTES]
+    nb.cells.insert(0, notes)
     source = out.with_suffix(".in.ipynb")
     nbformat.write(nb, source)
     t0 = time.monotonic()
@@ -178,6 +198,54 @@ def _static(outputs: list, state: dict) -> list:
     return result
 
 
+IMAGES = ("image/svg+xml", "image/png", "image/jpeg", "image/gif")
+
+
+def figure_alt(notes: dict | None) -> str:
+    """The alt text of a figure: its title (which states the finding) and axes, from the notes the
+    build's first cell recorded (:data:`FIGURE_NOTES_CELL`); '' when the figure has no title."""
+    def tidy(t):
+        return " ".join((t or "").split())
+
+    if not notes:
+        return ""
+    panels = []
+    for ax in notes.get("axes", []):
+        title = "; ".join(tidy(t) for t in ax.get("titles", []) if tidy(t))
+        axes = [f"{name} axis: {tidy(ax.get(key))}" for name, key in (("x", "xlabel"), ("y", "ylabel"))
+                if tidy(ax.get(key))]
+        if title:
+            panels.append(title + (f" ({', '.join(axes)})" if axes else ""))
+    sup = tidy(notes.get("suptitle"))
+    if not sup and not panels:
+        return ""
+    if len(panels) > 1:
+        panels = [f"panel {i}: {t}" for i, t in enumerate(panels, 1)]
+    return "Figure: " + ". ".join(filter(None, [sup, *panels])) + "."
+
+
+def _shown(out):
+    """An output as the page shows it: a figure with its alt text, HTML cleaned by the course's
+    sanitizer (course_tools/sanitize.py), scripts and widget views dropped."""
+    out = copy.deepcopy(out)
+    data = out.get("data")
+    if data is None:
+        return out
+    for mime in ("application/javascript", WIDGET_VIEW):
+        data.pop(mime, None)
+    if "text/html" in data:
+        from course_tools.sanitize import clean
+
+        html = data["text/html"]
+        data["text/html"] = clean(html if isinstance(html, str) else "".join(html))
+    if any(m in data for m in IMAGES):
+        meta = out.setdefault("metadata", {})
+        alt = figure_alt(meta.pop(FIGURE_NOTES, None))
+        if alt:
+            meta["alt"] = alt
+    return out
+
+
 def page(executed: Path, rel: Path, cfg: dict | None = None):
     """The notebook the site shows for the learner notebook ``rel`` executed into ``executed``."""
     nb = nbformat.read(executed, as_version=4)
@@ -185,6 +253,8 @@ def page(executed: Path, rel: Path, cfg: dict | None = None):
     cells = []
     for cell in nb.cells:
         tags = cell.metadata.get("tags", [])
+        if FIGURE_NOTES in tags or "papermill-error-cell-tag" in tags:
+            continue                     # build plumbing: the notes cell, papermill's error banner
         if "injected-parameters" in tags:
             cells.append(nbformat.v4.new_markdown_cell(QUICK_NOTE))
             continue
@@ -193,7 +263,7 @@ def page(executed: Path, rel: Path, cfg: dict | None = None):
             if _graded(cell):
                 cell.outputs = []        # as the learner gets it: nothing run yet
             else:
-                cell.outputs = _static(cell.outputs, state)
+                cell.outputs = [_shown(o) for o in _static(cell.outputs, state)]
             cell.metadata.pop("papermill", None)
             cell.metadata["tags"] = [t for t in tags if t != "raises-exception"]
         cells.append(cell)
@@ -201,6 +271,11 @@ def page(executed: Path, rel: Path, cfg: dict | None = None):
              f"{{download}}`Download the notebook <../downloads/{rel.parent.name}/{rel.name}>`")
     first_heading = next((i for i, c in enumerate(cells) if c.cell_type == "markdown"
                           and c.source.lstrip().startswith("# ")), -1)
+    if first_heading >= 0:               # the links go right under the title
+        title, _, rest = cells[first_heading].source.lstrip().partition("\n")
+        if rest.strip():
+            cells[first_heading].source = title
+            cells.insert(first_heading + 1, nbformat.v4.new_markdown_cell(rest.lstrip("\n")))
     cells.insert(first_heading + 1, nbformat.v4.new_markdown_cell(links))
     nb.cells = cells
     nb.metadata.pop("widgets", None)
@@ -258,59 +333,73 @@ def write_project(pages: dict[Path, object], project: Path = PROJECT, root: Path
         download = project / "downloads" / rel.parent.name / rel.name
         download.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(root / rel, download)
+    for rel in {r.parent for r in order}:      # the scripts the lessons link to (ddp_*.py)
+        for side in sorted((root / rel).iterdir()):
+            if side.is_file() and side.suffix != ".ipynb":
+                shutil.copy(side, project / rel.relative_to("notebooks") / side.name)
     (project / "myst.yml").write_text(
-        "version: 1\nproject:\n  title: Saving and logging from one rank only\n"
+        f"version: 1\nproject:\n  title: {TITLE}\n"
         "  exclude: ['downloads/**']\n  toc:\n" + "\n".join(toc) + "\n"
-        + "site:\n" + (f"  template: {THEME}\n" if theme_installed() else "  options: {}\n"))
+        + "site:\n  options: {}\n")
+    sections = [{"title": "Course", "pages": ["index.md"]}]
+    sections += [{"title": depth.capitalize(), "pages": [r.relative_to("notebooks").as_posix() for r in rels]}
+                 for depth, rels in by_depth.items()]
+    (project / "site-pages.json").write_text(json.dumps({"title": TITLE, "sections": sections}, indent=1))
     return project
 
 
-def myst_bin(site_dir: Path = SITE_DIR) -> Path:
-    path = site_dir / "node_modules" / ".bin" / "myst"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run `make site` (it installs the pinned MyST "
-                                "toolchain with npm ci into site/node_modules)")
-    return path
+TITLE = "Saving and logging from one rank only"
 
 
-THEME = SITE_DIR / "theme"
-
-
-def theme_installed(theme: Path = THEME) -> bool:
-    """A built MyST site theme (template.yml and its server build) in ``site/theme``."""
-    return (theme / "template.yml").exists() and (theme / "build" / "index.js").exists()
+def node_bin(site_dir: Path = SITE_DIR) -> dict[str, Path]:
+    """The pinned tools: ``myst`` (mystmd) and the renderer's modules (myst-to-html)."""
+    tools = {"myst": site_dir / "node_modules" / ".bin" / "myst",
+             "renderer": site_dir / "node_modules" / "myst-to-html" / "package.json"}
+    missing = [str(p) for p in tools.values() if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)} missing: run `make site` (it installs the pinned "
+                                "MyST toolchain with npm ci into site/node_modules)")
+    if shutil.which("node") is None:
+        raise FileNotFoundError("node is not on PATH: make site needs Node.js 18 or newer "
+                                "(sudo apt-get install nodejs npm)")
+    return tools
 
 
 def build_html(project: Path = PROJECT, out: Path = OUT) -> tuple[str, float]:
-    """``myst build --site`` (every page parsed, its AST and outputs written to
-    ``_build/site/content``), then ``--html`` into ``out`` when a local theme is installed.
-
-    MyST 1.8.3 fetches its book theme from the network for ``--html``; without a local theme the
-    step stops after the content, and says so.
+    """``myst build --site`` (MyST parses every page and writes its AST and outputs into
+    ``_build/site/content`` and ``_build/site/public``), then ``site/render.mjs`` renders that AST
+    to HTML (myst-to-html's handlers and the course's own, in the course's page template) into
+    ``out``. Nothing is downloaded: mystmd's step that would fetch its theme is never reached.
     """
     t0 = time.monotonic()
-    html = theme_installed()
-    proc = subprocess.run([str(myst_bin()), "build", "--html" if html else "--site"], cwd=project,
-                          env=dict(os.environ, BASE_URL=os.environ.get("BASE_URL", "")),
+    tools = node_bin()
+    built_dir = project / "_build" / "site"
+    shutil.rmtree(project / "_build", ignore_errors=True)
+    proc = subprocess.run([str(tools["myst"]), "build", "--site"], cwd=project,
                           capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     (project / "myst-build.log").write_text(log)
     built = re.search(r"Built (\d+) pages? for project", log)
-    if not html:
-        # MyST parses every page and writes its content, then asks the network for its theme
-        fetch = "Querying template metadata" in log
-        if not built or (proc.returncode != 0 and not fetch):
-            raise RuntimeError(f"myst build --site failed ({proc.returncode}):\n{log}")
-        flagged = sorted({l.strip() for l in log.splitlines() if l.startswith(("⛔", "⚠"))})
-        return (f"{built.group(1)} pages' content in {project / '_build/site/content'}; "
-                f"no HTML: no local theme in site/theme (see the README); MyST flagged "
-                f"{len(flagged)} problems, listed in {project / 'myst-build.log'}"), time.monotonic() - t0
-    if proc.returncode != 0 or not built:
-        raise RuntimeError(f"myst build --html failed ({proc.returncode}):\n{log}")
+    # mystmd 1.8.3 writes the content, then asks the network for its theme (which the renderer
+    # below replaces): that request failing is the only failure allowed here
+    if not built or not (built_dir / "content").is_dir() or (
+            proc.returncode != 0 and "Querying template metadata" not in log):
+        raise RuntimeError(f"myst build --site failed ({proc.returncode}):\n{log}")
+    manifest = json.loads((project / "site-pages.json").read_text())
+    manifest.update(project=str(project), content=str(built_dir / "content"),
+                    public=str(built_dir / "public"), out=str(out))
+    (project / "render.json").write_text(json.dumps(manifest, indent=1))
     if out.exists():
         shutil.rmtree(out)
-    shutil.copytree(project / "_build" / "html", out)
-    return f"html in {out}", time.monotonic() - t0
+    out.mkdir(parents=True)
+    render = subprocess.run(["node", str(SITE_DIR / "render.mjs"), str(project / "render.json")],
+                            capture_output=True, text=True, timeout=600)
+    if render.returncode != 0:
+        shutil.rmtree(out, ignore_errors=True)     # no half-written site
+        raise RuntimeError(f"site/render.mjs failed ({render.returncode}):\n{render.stdout}{render.stderr}")
+    flagged = sorted({l.strip() for l in log.splitlines() if l.startswith(("⛔", "⚠"))})
+    return (f"{built.group(1)} pages parsed, {render.stdout.strip()}; MyST flagged {len(flagged)} "
+            f"problems (listed in {project / 'myst-build.log'})"), time.monotonic() - t0
 
 
 def build(root: Path = ROOT, cache: Path = CACHE, project: Path = PROJECT, out: Path = OUT,

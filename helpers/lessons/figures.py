@@ -361,6 +361,7 @@ def plot_waste(intervals, simulated, model, young: float, best: float, title: st
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval τ (seconds of computation between saves)")
     ax.set_ylabel("wasted time (% of the work)")
+    ax.set_title(title, fontsize=11)
 
 
 # ----------------------------------------------------------------------------- logging lessons

@@ -81,7 +81,11 @@ SINK_METHODS = {"add_scalar", "add_scalars", "log_metric", "log_metrics"}
 LOG_METHODS = {"info", "warning", "warn", "debug", "error", "critical", "log"}
 METRIC_RE = re.compile(r"loss|acc|correct|ppl|perplex|metric", re.I)
 LOSS_CALL_RE = re.compile(r"loss|criterion|cross_entropy|nll|mse|bce|kl_div", re.I)
+LOSS_TYPE_RE = re.compile(r"loss|entropy|criterion|divergence", re.I)
 DDP_NAME_RE = re.compile(r"^(ddp|ddp_\w+|\w+_ddp)$")
+# calls whose result holds their arguments' values unchanged (a state_dict passed in is saved as it is)
+RECORD_COPIES = {"dict", "collections.OrderedDict", "OrderedDict", "dataclasses.asdict", "dataclasses.astuple",
+                 "vars", "copy.copy", "copy.deepcopy", "dataclasses.replace"}
 UNWRAPPED_WORDS = ("without", "no_ddp", "unwrap", "raw", "bare", "inner")
 
 PATH_CALLS = {"os.path.join", "pathlib.Path", "Path", "os.fspath", "str", "os.path.abspath",
@@ -393,6 +397,12 @@ class Program:
             if s is None:
                 return []
             return [m for m in self.functions.get(f.attr, []) if m.cls is s.cls]
+        if isinstance(f, ast.Attribute) and dotted(f.value):      # obj.m() on an instance of a class of this file
+            found = self.values_of(dotted(f.value), scope)
+            if found and found[0] and not found[1] and all(
+                    isinstance(v, ast.Call) and dotted(v.func) in self.classes for v in found[0]):
+                classes = {id(c) for v in found[0] for c in self.classes[dotted(v.func)]}
+                return [m for m in self.functions.get(f.attr, []) if m.cls is not None and id(m.cls) in classes]
         return []
 
     # -- what a value is, as far as the rank goes
@@ -670,14 +680,18 @@ class Facts:
         self._find_collective_functions()
 
     def accelerator(self, expr, scope) -> bool:
+        """An accelerate ``Accelerator``: decided by what this file assigns it; by its name only when
+        it comes from elsewhere (a parameter) or from a call this file does not explain."""
         d = dotted(expr) or ""
-        if d.split(".")[-1] in ("accelerator", "accel"):
-            return True
         found = self.prog.values_of(d, scope) if d else None
         if found and found[0]:
-            return all(isinstance(v, ast.Call) and (self.prog.qualname(v.func) or "").endswith("Accelerator")
-                       for v in found[0])
-        return False
+            made = [(self.prog.qualname(v.func) or "").rsplit(".", 1)[-1] if isinstance(v, ast.Call) else ""
+                    for v in found[0]]
+            if all(m == "Accelerator" for m in made):
+                return True
+            if all(m[:1].isupper() for m in made):
+                return False         # an object of another class, whatever its name
+        return d.split(".")[-1] in ("accelerator", "accel")
 
     def collective(self, call: ast.Call, scope) -> str | None:
         q = self.prog.qualname(call.func) or ""
@@ -1131,9 +1145,11 @@ class Analysis:
                     c = self.facts.collective(node, s)
                     inner = None if c else self.facts.inner_collective(node, s)
                     name = c or text(node.func)
-                    after = next((kind for kind, pos in counterpart.exits if pos < _pos(node)), None)
+                    exit_ = next(((kind, pos) for kind, pos in counterpart.exits if pos < _pos(node)), None)
+                    after = exit_[0] if exit_ else None
                     only_rank0 = walk is m and id(node) not in o.reached and not after
-                    guard = self._rank_guard_line(node, s)
+                    # the line of the if that exits, or of the if that holds the call
+                    guard = exit_[1][1] if exit_ else self._rank_guard_line(node, s)
                     self.add(node, "ORK101", rules.ork101(name + "()", only_rank0, after, inner, guard))
 
     def _rank_guard_line(self, node, s) -> int | None:
@@ -1240,17 +1256,43 @@ class Analysis:
         return out
 
     def _is_reducer(self, call, s) -> bool:
+        """The call combines the ranks' values: decided by what it is where this file shows it."""
         q = self.prog.qualname(call.func) or ""
         if q.startswith("torch.") and not q.startswith("torch.distributed"):
             return False          # torch.gather, Tensor ops: this rank's own tensors, not a collective
         c = self.facts.collective(call, s)
-        if c and c.rsplit(".", 1)[-1] in REDUCERS:
-            return True
+        if c:
+            return c.rsplit(".", 1)[-1] in REDUCERS
+        fns = self.prog.resolve_functions(call, s)
+        if fns:                   # a function of this file: it reduces if it runs a collective
+            return any(id(f) in self.facts.collective_fns for f in fns)
+        if isinstance(call.func, ast.Attribute) and call.func.attr in ("gather", "scatter") and \
+                (len(call.args) >= 2 or any(k.arg in ("dim", "index") for k in call.keywords)):
+            return False          # x.gather(dim, index): Tensor.gather's signature, a tensor op
         name = call.func.attr if isinstance(call.func, ast.Attribute) else \
             call.func.id if isinstance(call.func, ast.Name) else ""
-        if re.search(r"reduce|gather|sync|allreduce", name, re.I):
-            return True
-        return any(id(f) in self.facts.collective_fns for f in self.prog.resolve_functions(call, s))
+        return bool(re.search(r"reduce|gather|sync|allreduce", name, re.I))   # code this file cannot see
+
+    def _loss_module(self, callee, s) -> bool | None:
+        """What the called object is, where this file assigns it: True for a loss module
+        (``criterion = nn.CrossEntropyLoss()``), False for any other object it builds, None if unknown."""
+        d = dotted(callee)
+        found = self.prog.values_of(d, s) if d else None
+        if not found or not found[0] or found[1] or any(v is None for v in found[0]):
+            return None
+        kinds = set()
+        for v in found[0]:
+            q = (self.prog.qualname(v.func) or "") if isinstance(v, ast.Call) else ""
+            last = q.rsplit(".", 1)[-1]
+            if not last[:1].isupper():
+                kinds.add(None)             # made by a function call: not known here
+            elif LOSS_TYPE_RE.search(last):
+                kinds.add(True)             # an instance of a loss class: nn.CrossEntropyLoss, JsdCrossEntropy
+            elif q.startswith("torch.") or last in self.prog.classes:
+                kinds.add(False)            # a model, a DDP wrapper, a class of this file that is no loss
+            else:
+                kinds.add(None)
+        return kinds.pop() if len(kinds) == 1 else None
 
     def _local_metrics(self, s: Scope) -> set[str]:
         """Names in this scope that hold this rank's own loss/accuracy (never reduced)."""
@@ -1301,12 +1343,16 @@ class Analysis:
                 last = x.func.attr if isinstance(x.func, ast.Attribute) else q.rsplit(".", 1)[-1]
                 if q.startswith("torch.nn.") and last[:1].isupper():
                     continue      # nn.CrossEntropyLoss(): builds a loss module, not a loss value
-                if LOSS_CALL_RE.search(last) and not last.startswith(("get_", "estimate", "compute", "eval")):
-                    if any(f for f in self.prog.resolve_functions(x, s)):
-                        if not self._returns_local(x, s):
-                            continue
-                    return True
-                if self._returns_local(x, s):
+                if self.prog.resolve_functions(x, s):
+                    if self._returns_local(x, s):     # a function of this file: what it returns decides
+                        return True
+                    continue
+                module = self._loss_module(x.func, s)
+                if module is not None:                # an object this file builds: what it is decides
+                    if module:
+                        return True
+                    continue
+                if LOSS_CALL_RE.search(last):         # code this file cannot see: its name is all there is
                     return True
                 if last in ("sum", "mean") and any(isinstance(y, ast.Compare) for y in ast.walk(x.func)):
                     return True
@@ -1323,7 +1369,7 @@ class Analysis:
 
     def _metric_in(self, expr, local) -> str | None:
         for x in ast.walk(expr):
-            if isinstance(x, ast.Name) and x.id in local and METRIC_RE.search(x.id):
+            if isinstance(x, ast.Name) and x.id in local:
                 return x.id
         return None
 
@@ -1360,7 +1406,13 @@ class Analysis:
                 for a in args:
                     name = name or self._metric_in(a, local)
                 if name and not any(self.prog.references_rank(a, s) for a in args):
-                    self.add(n, "ORK104", rules.ork104(name))
+                    self.add(n, "ORK104", rules.ork104(name, self._set_at(name, n, s)))
+
+    def _set_at(self, name, use, s) -> int | None:
+        """The line of the last assignment of ``name`` in ``s`` before ``use`` (the value it reasons from)."""
+        lines = [v.lineno for v in s.assigns.get(name, []) if v is not None and hasattr(v, "lineno")
+                 and v.lineno <= use.lineno]
+        return max(lines) if lines else None
 
     def ork105(self):
         has_ddp = any(isinstance(n, ast.Call) and (self.prog.qualname(n.func) or "") in DIST_SETUP
@@ -1379,11 +1431,11 @@ class Analysis:
                 if isinstance(loop, ast.While):
                     name = self._metric_in(loop.test, local)
                     if name:
-                        self.add(loop, "ORK105", rules.ork105(name))
+                        self.add(loop, "ORK105", rules.ork105(name, self._set_at(name, loop, s)))
                 for st in _loop_ifs(loop):
                     name = self._metric_in(st.test, local)
                     if name and _stops(st.body, loop):
-                        self.add(st, "ORK105", rules.ork105(name))
+                        self.add(st, "ORK105", rules.ork105(name, self._set_at(name, st, s)))
 
     def _returned_locals(self, s):
         out = set()
@@ -1420,6 +1472,14 @@ class Analysis:
         short = d.split(".")[-1].lower()
         return bool(DDP_NAME_RE.match(short)) and not any(w in short for w in UNWRAPPED_WORDS)
 
+    def _wrapped_at(self, expr, s) -> int | None:
+        """The line where ``expr`` was wrapped in DDP (or prepared by accelerate), if this file shows it."""
+        found = self.prog.values_of(dotted(expr) or "", s)
+        if found and found[0]:
+            lines = [v.lineno for v in found[0] if v is not None and self._wraps(v, s, None)]
+            return max(lines) if lines else None
+        return None
+
     def _wraps(self, v, s, target) -> bool | None:
         if v is None:
             return None
@@ -1452,17 +1512,36 @@ class Analysis:
         obj = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "obj"), None)
         return [obj] if obj is not None and not isinstance(obj, ast.Starred) else []
 
+    def _record_class(self, call) -> bool:
+        """``call`` builds an instance of a dataclass or NamedTuple of this file: its fields are its arguments."""
+        name = dotted(call.func)
+        for c in self.prog.classes.get(name or "", []):
+            for d in c.decorator_list:
+                d = d.func if isinstance(d, ast.Call) else d
+                if (self.prog.qualname(d) or "") in ("dataclasses.dataclass", "dataclass"):
+                    return True
+            if any((self.prog.qualname(b) or "").split(".")[-1] == "NamedTuple" for b in c.bases):
+                return True
+        return False
+
     def _state_dicts(self, obj, s, depth=0):
-        """``X.state_dict()`` calls that end up in the saved object unchanged."""
+        """``X.state_dict()`` calls that end up in the saved object unchanged.
+
+        Seen through: dict displays and ``{**d}``, ``dict(...)``/``OrderedDict(...)``, a dataclass or
+        NamedTuple of this file built from them, ``dataclasses.asdict``/``vars``/``copy``/``._asdict()``
+        of such a record, and names assigned any of these (three assignments deep)."""
         if isinstance(obj, ast.Call) and isinstance(obj.func, ast.Attribute) and obj.func.attr == "state_dict":
             yield obj
         elif isinstance(obj, ast.Dict):
             for v in obj.values:
                 yield from self._state_dicts(v, s, depth)
-        elif isinstance(obj, ast.Call) and dotted(obj.func) == "dict":
-            for k in obj.keywords:
-                yield from self._state_dicts(k.value, s, depth)
-        elif isinstance(obj, ast.Name) and depth < 2:
+        elif isinstance(obj, ast.Call) and ((self.prog.qualname(obj.func) or "") in RECORD_COPIES
+                                            or self._record_class(obj)):
+            for a in list(obj.args) + [k.value for k in obj.keywords]:
+                yield from self._state_dicts(a.value if isinstance(a, ast.Starred) else a, s, depth)
+        elif isinstance(obj, ast.Call) and isinstance(obj.func, ast.Attribute) and obj.func.attr == "_asdict":
+            yield from self._state_dicts(obj.func.value, s, depth)          # record._asdict() of a NamedTuple
+        elif isinstance(obj, ast.Name) and depth < 3:
             found = s.assigns.get(obj.id, [])
             for v in found:
                 if v is not None:
@@ -1481,7 +1560,8 @@ class Analysis:
                 for obj in self._saved_objects(n, s):
                     for sd in self._state_dicts(obj, s):
                         if self._wrapped(sd.func.value, s):
-                            self.add(sd, "ORK106", rules.ork106(text(sd.func.value)))
+                            self.add(sd, "ORK106", rules.ork106(text(sd.func.value),
+                                                                self._wrapped_at(sd.func.value, s)))
 
     # -- ORK107
     def ork107(self):

@@ -48,8 +48,9 @@ def ork101(call: str, only_rank0: bool, after_exit: str | None, inside: str | No
         return (f"{what} is reached by rank 0 only (inside {where}): the other ranks never call it, and "
                 f"{paired}; call every collective on every rank (move it after the if block)")
     if after_exit:
-        return (f"{what} comes after a `{after_exit}` that depends on the rank: the ranks that left never "
-                f"call it, and {paired}; let every rank reach every collective")
+        at = f" (the if at line {guard_line})" if guard_line else ""
+        return (f"{what} comes after a `{after_exit}` that depends on the rank{at}: the ranks that left "
+                f"never call it, and {paired}; let every rank reach every collective")
     return (f"{what} is not reached by every rank (it sits in {where}): {paired}; call every "
             f"collective on every rank")
 
@@ -66,23 +67,28 @@ def ork103(read: str, write_line: int) -> str:
             f"dist.barrier() after the write, outside the `if`")
 
 
-def ork104(name: str) -> str:
-    return (f"logs `{name}`, this rank's own value: it describes one rank's slice of the data, not the "
+def ork104(name: str, set_at: int | None = None) -> str:
+    return (f"logs `{name}`, this rank's own value{_from(set_at)}: it describes one rank's slice of the data, not the "
             f"run; all_reduce a [sum, count] pair first and log the combined value (or label the line "
             f"with the rank)")
 
 
-def ork105(name: str) -> str:
-    return (f"stops on `{name}`, this rank's own value: the ranks can decide differently, so some leave "
-            f"the loop while the others go on; collectives are matched by order, so the next one of "
-            f"the ranks that go on pairs with whatever the others call next: it can return wrong data "
-            f"without an error, fail, or wait until the job times out; decide from an all-reduced "
+def ork105(name: str, set_at: int | None = None) -> str:
+    return (f"stops on `{name}`, this rank's own value{_from(set_at)}: the ranks can decide differently, so "
+            f"some leave the loop while the others go on; collectives are matched by order, so the next "
+            f"one of the ranks that go on pairs with whatever the others call next: it can return wrong "
+            f"data without an error, fail, or wait until the job times out; decide from an all-reduced "
             f"value so that every rank stops at the same step")
 
 
-def ork106(expr: str) -> str:
-    return (f"saves {expr}.state_dict() of the DDP wrapper: every key gets a 'module.' prefix and the "
+def ork106(expr: str, wrapped_at: int | None = None) -> str:
+    wrapper = f"the DDP wrapper made at line {wrapped_at}" if wrapped_at else "the DDP wrapper"
+    return (f"saves {expr}.state_dict() of {wrapper}: every key gets a 'module.' prefix and the "
             f"file will not load into an unwrapped model; save {expr}.module.state_dict()")
+
+
+def _from(line: int | None) -> str:
+    return f" (set at line {line} and never all-reduced)" if line else ""
 
 
 def ork107() -> str:

@@ -269,6 +269,18 @@ class _Script:
         lines[line - 1] = lines[line - 1].rstrip("\n") + f"  # expect: {code}\n"
         return Mutant(code, form, line, "".join(lines))
 
+    RECORD = ["from dataclasses import asdict, dataclass\n", "\n", "\n", "@dataclass\n",
+              "class FinalCheckpoint:\n", "    model_state: dict\n", "    step: int\n", "\n"]
+
+    def with_record(self, m: Mutant) -> Mutant | None:
+        """``m`` with a dataclass FinalCheckpoint declared after the script's last top-level import."""
+        imports = [n for n in self.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        if not imports or imports[-1].end_lineno >= m.line:
+            return None
+        at = imports[-1].end_lineno
+        lines = m.source.splitlines(keepends=True)
+        return m._replace(line=m.line + len(self.RECORD), source="".join(lines[:at] + self.RECORD + lines[at:]))
+
     def after(self, st, new, mark, code, form):
         return self.edit(st.end_lineno + 1, st.end_lineno, new, mark, code, form)
 
@@ -501,6 +513,9 @@ def inject(source: str) -> list[Mutant]:
                 "wrapper-saved")
             add(s.after, last, [f"{ind}final = dict(model={name}.state_dict(), step=0)",
                                 f'{ind}torch.save(final, "final.pt")'], 0, "ORK106", "dict-wrapped")
+            add(lambda: s.with_record(s.after(
+                last, [f"{ind}final = FinalCheckpoint(model_state={name}.state_dict(), step=0)",
+                       f'{ind}torch.save(asdict(final), "final.pt")'], 0, "ORK106", "dataclass-asdict")))
 
     # ORK107: torch.load without map_location
     for c in _first(s.calls(lambda n: ast.unparse(n.func) == "torch.load"

@@ -1,0 +1,691 @@
+"""``python -m course_tools.grade ASSIGNMENT``: grade a whole class, several submissions at a time.
+
+Run in the course folder (where ``nbgrader_config.py`` is). Each submission is graded by
+nbgrader's own autograde converter, with the course's execute step and sandbox, in a private
+copy of the course made for it alone: its submitted files, the assignment's non-notebook source
+files, the course's ``nbgrader_config.py`` and a private SQLite gradebook holding the
+assignment's definition (notebooks, cells, locked sources) copied from the real one. Nothing
+else travels, so the same task runs in a thread here (``--workers N``) or on any worker of a
+Dask distributed cluster (``--scheduler tcp://HOST:PORT``) that has the course's environment.
+
+What comes back is, per notebook, the notebook as the execute step left it. This process is the
+only one that writes the real gradebook: for each result it runs nbgrader's autograde converter
+on the course's own ``submitted/`` folder, exactly as ``nbgrader autograde --student ID
+--force`` would (sanitizing, overwriting locked cells, the submission's timestamp, the late
+penalty of ``LateSubmissionPlugin``, ``SaveAutoGrades``, the ``autograded/`` files), except
+that its execute step hands back the notebook the worker executed (:class:`Replay`, which
+checks first that the worker executed this very notebook). So the rows are nbgrader's, written
+by one writer (with SQLite, a second run on the same gradebook is refused), and a Ctrl-C never
+leaves a half-written submission: it is deferred while one is written, running tasks are
+stopped (their kernels and every process they started end), and a rerun grades only what is
+missing (``--force`` regrades everything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+__all__ = ["run_task", "grade", "main", "Replay", "Capture", "Fingerprint"]
+
+#: nbgrader's gradebook tables that define an assignment (copied into each task's gradebook).
+DEFINITION_TABLES = ("course", "assignment", "notebook", "base_cell", "grade_cells",
+                     "solution_cells", "task_cells", "source_cell")
+#: Memory one grading slot may need (a developer submission's pools of 4 ranks): caps the default.
+SLOT_BYTES = 3 * 2**30
+#: Set in every process a task starts (kernels and ranks keep COURSE_* variables): finds leftovers.
+TASK_MARK = "COURSE_GRADE_TASK"
+#: Seconds a stopped task has to end by itself before its processes are killed.
+STOP_GRACE = 30
+
+# ============================================================================ notebooks
+
+
+def fingerprint(nb) -> str:
+    """What grading depends on in a notebook: its cells' types, sources and nbgrader metadata."""
+    cells = [(c.get("cell_type"), c.get("source"), c.get("metadata", {}).get("nbgrader"))
+             for c in nb.cells]
+    return hashlib.sha256(json.dumps(cells, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _preprocessor():
+    from nbgrader.preprocessors import NbGraderPreprocessor
+    return NbGraderPreprocessor
+
+
+class Fingerprint(_preprocessor()):
+    """(in a task) Remembers the fingerprint of each notebook the execute step is given."""
+
+    seen: dict = {}
+
+    def preprocess(self, nb, resources):
+        Fingerprint.seen[resources["nbgrader"]["notebook"]] = fingerprint(nb)
+        return nb, resources
+
+
+class Capture(_preprocessor()):
+    """(in a task) Keeps each notebook as the execute step left it, to send it back."""
+
+    kept: dict = {}
+
+    def preprocess(self, nb, resources):
+        import nbformat
+
+        name = resources["nbgrader"]["notebook"]
+        Capture.kept[name] = (Fingerprint.seen[name], nbformat.writes(nb))
+        return nb, resources
+
+
+class Replay(_preprocessor()):
+    """(in the writer) The execute step: hands back the notebook a task executed, after checking
+    that the task was given the very notebook this course's sanitizing made."""
+
+    executed: dict = {}
+
+    def preprocess(self, nb, resources):
+        import nbformat
+
+        name = resources["nbgrader"]["notebook"]
+        if name not in Replay.executed:
+            raise RuntimeError(f"the task sent back no executed copy of {name}.ipynb")
+        expected, text = Replay.executed[name]
+        if fingerprint(nb) != expected:
+            raise RuntimeError(f"the task executed another version of {name}.ipynb than this "
+                               "course's (did the gradebook or the submission change during the run?)")
+        return nbformat.reads(text, as_version=4), resources
+
+
+def _dotted(pp) -> str:
+    return pp if isinstance(pp, str) else f"{pp.__module__}.{pp.__qualname__}"
+
+
+def _execute_index(preprocessors: list[str]) -> int:
+    from nbgrader.preprocessors import Execute
+    from traitlets.utils.importstring import import_item
+
+    for i, pp in enumerate(preprocessors):
+        cls = import_item(pp)
+        if isinstance(cls, type) and issubclass(cls, Execute):
+            return i
+    raise SystemExit("Autograde.autograde_preprocessors has no execute step (a subclass of "
+                     "nbgrader.preprocessors.Execute): nothing would be graded")
+
+
+def _pipelines(app) -> tuple[list[str], list[str]]:
+    """(the task's autograde preprocessors, the writer's): the course's, with the execute step
+    fingerprinted and captured in the task, replayed in the writer."""
+    from nbgrader.converters import Autograde
+
+    configured = app.config.Autograde.get("autograde_preprocessors")
+    course = [_dotted(p) for p in (configured if configured is not None
+                                   else Autograde.autograde_preprocessors.default_value)]
+    i = _execute_index(course)
+    task = course[:i] + [_dotted(Fingerprint), course[i], _dotted(Capture)] + course[i + 1:]
+    writer = course[:i] + [_dotted(Replay)] + course[i + 1:]
+    return task, writer
+
+
+# ============================================================================ the gradebook
+
+
+def definition(db_url: str) -> dict[str, list[dict]]:
+    """The gradebook's assignment definitions, as plain rows, and its schema version."""
+    from nbgrader.api import Base
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            rows = {t: [dict(r._mapping) for r in conn.execute(Base.metadata.tables[t].select())]
+                    for t in DEFINITION_TABLES}
+            version = conn.execute(text("SELECT version_num FROM alembic_version"))
+            rows["alembic_version"] = [dict(r._mapping) for r in version]
+            return rows
+    finally:
+        engine.dispose()
+
+
+def _restore(db_url: str, rows: dict[str, list[dict]]) -> None:
+    """A gradebook with these rows, made as nbgrader's ``Gradebook`` makes one (its tables, then
+    the schema version), the version taken from the real gradebook instead of asking alembic."""
+    from nbgrader.api import Base
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    try:
+        Base.metadata.create_all(bind=engine)
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+            for row in rows["alembic_version"]:
+                conn.execute(text("INSERT INTO alembic_version (version_num) VALUES (:v)"), {"v": row["version_num"]})
+            for table in DEFINITION_TABLES:
+                if rows.get(table):
+                    conn.execute(Base.metadata.tables[table].insert(), rows[table])
+    finally:
+        engine.dispose()
+
+
+def task_gradebook(db_url: str) -> bytes:
+    """A SQLite gradebook holding only the assignment definitions of ``db_url``'s, as bytes: made
+    once per run (nbgrader stamps a new gradebook by running alembic, seconds each time), it
+    travels with every task."""
+    with tempfile.TemporaryDirectory(prefix="course-grade-db-") as tmp:
+        path = Path(tmp) / "gradebook.db"
+        _restore(f"sqlite:///{path}", definition(db_url))
+        return path.read_bytes()
+
+
+def _files(folder: Path, skip_notebooks: bool = False) -> dict[str, bytes]:
+    out = {}
+    if folder.is_dir():
+        for path in sorted(folder.rglob("*")):
+            rel = path.relative_to(folder)
+            if path.is_file() and "__pycache__" not in rel.parts and ".ipynb_checkpoints" not in rel.parts \
+                    and not (skip_notebooks and path.suffix == ".ipynb"):
+                out[str(rel)] = path.read_bytes()
+    return out
+
+
+def _write_files(folder: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        dest = folder / rel
+        if dest.resolve().parent != folder.resolve() and folder.resolve() not in dest.resolve().parents:
+            raise ValueError(f"a file outside the submission: {rel}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+
+
+# ============================================================================ one task
+
+
+def run_task(payload: dict, stop: threading.Event | None = None) -> dict:
+    """Grade one submission in a private course, in a child process; return plain data.
+
+    ``payload`` carries everything (see :func:`_payload`), so this runs on any machine with the
+    course's environment. Never raises for a submission's fault: the result says why."""
+    t0 = time.monotonic()
+    folder = Path(tempfile.mkdtemp(prefix="course-grade-"))
+    student = payload["student"]
+    try:
+        course = folder / "course"
+        _write_files(course / "submitted" / student / payload["assignment"], payload["files"])
+        _write_files(course / "source" / payload["assignment"], payload["source_files"])
+        (course / "nbgrader_config.py").write_text(payload["config"])
+        (folder / "tmp").mkdir()
+        with open(folder / "task.pickle", "wb") as f:
+            pickle.dump({k: payload[k] for k in ("assignment", "student", "preprocessors")}, f)
+        (folder / "gradebook.db").write_bytes(payload["gradebook"])
+        env = dict(os.environ, TMPDIR=str(folder / "tmp"), COURSE_GRADE_PARENT=str(os.getpid()))
+        env[TASK_MARK] = payload.get("mark") or env.get(TASK_MARK, "1")
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        with open(folder / "task.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "course_tools.grade", "--task", str(folder)],
+                                    cwd=course, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            bound = payload.get("bound")
+            while True:
+                try:
+                    proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if stop is not None and stop.is_set():
+                        _end(proc)
+                        return {"student": student, "ok": False, "interrupted": True,
+                                "error": "interrupted", "seconds": time.monotonic() - t0}
+                    if bound and time.monotonic() - t0 > bound:
+                        _end(proc)
+                        return {"student": student, "ok": False,
+                                "error": f"grading ran past its bound of {bound:.0f} s and was stopped",
+                                "seconds": time.monotonic() - t0}
+        result_path = folder / "result.json"
+        if result_path.exists():
+            result = json.loads(result_path.read_text())
+        else:
+            result = {"ok": False, "error": f"the grading process ended ({proc.returncode}) without a result"}
+        if not result["ok"]:
+            tail = (folder / "task.log").read_text(errors="replace").strip().splitlines()
+            errors = [line for line in tail if "[ERROR]" in line or "Error" in line][-3:]
+            result["error"] = "; ".join([result.get("error", "")] + errors)[:600]
+        result.update(student=student, seconds=time.monotonic() - t0)
+        return result
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Stop a task's process: SIGTERM (its execute step then ends the kernel and what it started),
+    then SIGKILL for whatever of it is still alive."""
+    import psutil
+
+    try:
+        family = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        pass
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(family, timeout=10)
+    proc.wait()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _task_main(folder: Path) -> int:
+    """The task's process: nbgrader's autograde of one submission in the private course. If the
+    process that waits for it is gone (a Dask worker killed), it removes its folder itself."""
+    parent = int(os.environ.get("COURSE_GRADE_PARENT", "0"))
+    try:
+        return _task_body(folder, parent)
+    finally:
+        if parent and os.getppid() != parent:  # nobody is left to read the result
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _task_body(folder: Path, parent: int) -> int:
+    import ctypes
+
+    import psutil
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG: end with the process that waits for us
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: daemons of the kernel stay ours
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    if parent and os.getppid() != parent:
+        return 1
+    with open(folder / "task.pickle", "rb") as f:
+        task = pickle.load(f)
+    result: dict = {"ok": False}
+    cpu0 = _cpu()
+    try:
+        db_url = f"sqlite:///{folder / 'gradebook.db'}"
+        from nbgrader.apps import AutogradeApp
+
+        app = AutogradeApp()
+        app.initialize([task["assignment"], "--student", task["student"], "--force",
+                        f"--CourseDirectory.db_url={db_url}", "--log-level=INFO"])
+        app.config.Autograde.autograde_preprocessors = task["preprocessors"]
+        try:
+            app.start()
+        except SystemExit as e:
+            if e.code:
+                result["error"] = "nbgrader autograde failed"
+                return 1
+        result = {"ok": True, "executed": Capture.kept, "scores": _scores(db_url, task["assignment"], task["student"])}
+        if not Capture.kept:
+            result = {"ok": False, "error": "no notebook of the submission was graded"}
+        return 0
+    except KeyboardInterrupt:
+        result = {"ok": False, "error": "interrupted"}
+        return 130
+    except Exception as e:  # noqa: BLE001 - said in the result, the class goes on
+        first = (str(e).strip().splitlines() or [""])[0]
+        result = {"ok": False, "error": f"{type(e).__name__}: {first}"}
+        return 1
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        result["cpu_seconds"] = _cpu() - cpu0
+        tmp = folder / "result.json.part"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, folder / "result.json")
+
+
+def _cpu() -> float:
+    import resource
+
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def _scores(db_url: str, assignment: str, student: str) -> dict[str, dict[str, float]]:
+    """notebook -> grade_id -> the autograder's score, of one submission."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(db_url) as gb:
+        sub = gb.find_submission(assignment, student)
+        return {nb.name: {g.name: float(g.auto_score or 0) for g in nb.grades} for nb in sub.notebooks}
+
+
+# ============================================================================ the class
+
+
+class Course:
+    """The course in the current folder, as nbgrader sees it (its own config loading)."""
+
+    def __init__(self, assignment: str):
+        from nbgrader.apps import AutogradeApp
+
+        self.app = AutogradeApp()
+        self.app.initialize([assignment, "--log-level=ERROR"])
+        for handler in self.app.log.handlers:  # its errors are said per student, at the end
+            handler.setLevel(logging.CRITICAL)
+        self.assignment = assignment
+        self.coursedir = self.app.coursedir
+        self.coursedir.assignment_id = assignment
+        self.root = Path(self.coursedir.root)
+        self.db_url = self.coursedir.db_url
+        self.task_pps, self.writer_pps = _pipelines(self.app)
+        config = self.root / "nbgrader_config.py"
+        self.config_text = config.read_text() if config.exists() else ""
+
+    def folder(self, tree: str, student: str) -> Path:
+        return Path(self.coursedir.format_path(tree, student, self.assignment))
+
+    def students(self) -> list[str]:
+        base = Path(self.coursedir.format_path(self.coursedir.submitted_directory, ".", "."))
+        return sorted(p.parent.name for p in base.glob(f"*/{self.assignment}") if p.is_dir())
+
+    def graded(self, student: str) -> bool:
+        """Whether ``nbgrader autograde`` would skip this submission (autograded, and its
+        submission no newer) and the gradebook has it."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        dest = self.folder(self.coursedir.autograded_directory, student)
+        if not dest.is_dir():
+            return False
+        new = self.coursedir.get_existing_timestamp(str(self.folder(self.coursedir.submitted_directory, student)))
+        old = self.coursedir.get_existing_timestamp(str(dest))
+        if new is not None and old is not None and new > old:
+            return False
+        with Gradebook(self.db_url) as gb:
+            try:
+                gb.find_submission(self.assignment, student)
+            except MissingEntry:
+                return False
+        return True
+
+    def payload(self, student: str, gradebook: bytes, bound: float | None, mark: str) -> dict:
+        return {"assignment": self.assignment, "student": student, "gradebook": gradebook,
+                "files": _files(self.folder(self.coursedir.submitted_directory, student)),
+                "source_files": _files(self.folder(self.coursedir.source_directory, "."), skip_notebooks=True),
+                "config": self.config_text, "preprocessors": self.task_pps, "bound": bound, "mark": mark}
+
+    def bound(self) -> float:
+        """Seconds one submission may take: every code cell at its limit, a kernel start per
+        notebook, plus two minutes (the configured Execute limits)."""
+        import nbformat
+
+        cfg = self.app.config.get("Execute", {})
+        timeout, startup = float(cfg.get("timeout", 30) or 30), float(cfg.get("startup_timeout", 60))
+        source = self.folder(self.coursedir.source_directory, ".")
+        cells = nbs = 0
+        for path in source.glob("*.ipynb"):
+            nbs += 1
+            cells += sum(c.cell_type == "code" for c in nbformat.read(path, as_version=4).cells)
+        return cells * timeout + nbs * startup + 120
+
+    def write(self, result: dict) -> dict[str, dict[str, float]]:
+        """Write one result into the real gradebook and ``autograded/`` with nbgrader's own
+        converter (:class:`Replay` as its execute step); return the gradebook's scores."""
+        from nbgrader.converters import Autograde
+        from nbgrader.converters.base import NbGraderException
+
+        student = result["student"]
+        Replay.executed = result["executed"]
+        self.app.config.Autograde.autograde_preprocessors = self.writer_pps
+        errors = _Errors()
+        self.app.log.addHandler(errors)
+        self.coursedir.student_id = student
+        try:
+            converter = Autograde(coursedir=self.coursedir, parent=self.app)
+            converter.force = True
+            converter.create_student = True
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # SQLAlchemy's notes on nbgrader's sessions
+                    converter.start()
+            except NbGraderException as e:
+                raise RuntimeError("; ".join(errors.lines[-3:]) or str(e)) from None
+        finally:
+            self.coursedir.student_id = "*"
+            self.app.log.removeHandler(errors)
+            Replay.executed = {}
+        if errors.lines:
+            raise RuntimeError("; ".join(errors.lines[-3:]))
+        return _scores(self.db_url, self.assignment, student)
+
+    def summary(self, student: str) -> str:
+        from nbgrader.api import Gradebook
+
+        with Gradebook(self.db_url) as gb:
+            sub = gb.find_submission(self.assignment, student)
+            text = f"{sub.score:g} of {sub.max_score:g}"
+            if sub.late_submission_penalty:
+                text += f", late: penalty {sub.late_submission_penalty:g}"
+            return text
+
+
+class _Errors(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage().strip().splitlines()[-1][:300] if record.getMessage().strip() else "")
+
+
+@contextlib.contextmanager
+def _one_writer(db_url: str):
+    """With SQLite, one process writes the gradebook: a second run waits for nothing, it is refused."""
+    import fcntl
+
+    if not db_url.startswith("sqlite:///"):
+        yield
+        return
+    path = Path(db_url.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from nbgrader.api import Gradebook
+
+    Gradebook(db_url).close()
+    with open(path, "rb+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(
+                f"another course_tools.grade run is writing {path}: a SQLite gradebook has one "
+                "writer. Wait for it to end, or point c.CourseDirectory.db_url at PostgreSQL "
+                "(README, instructor section) to grade from several machines.") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _deferred_interrupt():
+    """A Ctrl-C while one submission is written is kept for later (the list it yields says so)."""
+    got: list = []
+    previous = signal.signal(signal.SIGINT, lambda *a: got.append(1))
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def default_workers() -> tuple[int, str]:
+    import psutil
+
+    cores = len(os.sched_getaffinity(0))
+    free = psutil.virtual_memory().available
+    n = max(1, min(cores, int(free // SLOT_BYTES)))
+    return n, f"{cores} cores, {free / 2**30:.0f} GiB free, {SLOT_BYTES / 2**30:.0f} GiB per slot"
+
+
+def grade(assignment: str, workers: int | None = None, students: list[str] | None = None,
+          force: bool = False, scheduler: str | None = None, out=sys.stderr, progress: bool = True) -> int:
+    """Grade the class; return the exit status (0: all graded, 1: some could not be, 130: interrupted)."""
+    from tqdm.auto import tqdm
+
+    course = Course(assignment)
+    everyone = course.students()
+    if students:
+        unknown = [s for s in students if s not in everyone]
+        if unknown:
+            raise SystemExit(f"no submission of {assignment} for {', '.join(unknown)} in "
+                             f"{course.coursedir.submitted_directory}/ (nbgrader collect puts them there)")
+    todo = students or everyone
+    if not todo:
+        raise SystemExit(f"no submission of {assignment} in {course.coursedir.submitted_directory}/")
+    with _one_writer(course.db_url):
+        from nbgrader.api import Gradebook, MissingEntry
+
+        with Gradebook(course.db_url) as gb:
+            try:
+                gb.find_assignment(assignment)
+            except MissingEntry:
+                raise SystemExit(f"no assignment {assignment!r} in the gradebook: run "
+                                 f"nbgrader generate_assignment {assignment} first") from None
+        skipped = [] if force else [s for s in todo if course.graded(s)]
+        todo = [s for s in todo if s not in skipped]
+        if scheduler:
+            where = f"on the Dask cluster at {scheduler}"
+        else:
+            if workers is None:
+                workers, why = default_workers()
+                where = f"{workers} at a time ({why})"
+            else:
+                where = f"{workers} at a time"
+        print(f"grading {len(todo)} submission(s) of {assignment} {where}"
+              + (f"; {len(skipped)} already graded (--force regrades them)" if skipped else ""),
+              file=out, flush=True)
+        if not todo:
+            return 0
+        gradebook = task_gradebook(course.db_url)
+        bound = course.bound()
+        mark = os.environ.get(TASK_MARK) or f"{os.getpid()}-{time.time_ns()}"
+        failed: dict[str, str] = {}
+        done = 0
+        bar = tqdm(total=len(todo), unit="submission", desc=f"grading {assignment}", file=out,
+                   disable=not progress, dynamic_ncols=True)
+        stop = threading.Event()
+        pool = client = None
+        try:
+            if scheduler:
+                from distributed import Client
+                from distributed import as_completed as dask_completed
+
+                client = Client(scheduler, timeout=30)
+                futures = {client.submit(run_task, course.payload(s, gradebook, bound, mark),
+                                         key=f"grade-{assignment}-{s}-{mark}",
+                                         pure=False): s for s in todo}
+                stream = dask_completed(futures)
+            else:
+                pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grade")
+                futures = {pool.submit(run_task, course.payload(s, gradebook, bound, mark), stop): s for s in todo}
+                stream = as_completed(futures)
+            for fut in stream:
+                student = futures[fut]
+                try:
+                    result = fut.result()
+                except Exception as e:  # noqa: BLE001 - a lost task (e.g. KilledWorker) fails its own slot
+                    result = {"student": student, "ok": False, "error": f"{type(e).__name__}: {e}"}
+                interrupted: list = []
+                if result["ok"]:
+                    try:
+                        with _deferred_interrupt() as interrupted:
+                            scores = course.write(result)
+                        if scores != result["scores"]:
+                            raise RuntimeError(f"the gradebook holds {scores}, the worker scored {result['scores']}")
+                        bar.write(f"graded {student}: {course.summary(student)} ({result['seconds']:.0f} s)",
+                                  file=out)
+                        done += 1
+                    except Exception as e:  # noqa: BLE001
+                        failed[student] = f"writing the gradebook failed: {e}"
+                else:
+                    failed[student] = result.get("error") or "unknown error"
+                bar.update(1)
+                bar.set_postfix(failed=len(failed))
+                if interrupted:  # a Ctrl-C came while that submission was written
+                    raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            stop.set()
+            bar.close()
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            if client is not None:
+                client.cancel(list(futures))
+                client.close()
+            print(f"\ninterrupted: {done} graded and written, {len(todo) - done - len(failed)} not; "
+                  f"run it again to grade what is missing", file=out, flush=True)
+            return 130
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.shutdown(wait=True)
+            if client is not None:
+                client.close()
+    print(f"{done} of {len(todo)} graded" + (f", {len(failed)} could not be:" if failed else ""), file=out)
+    for student, why in sorted(failed.items()):
+        print(f"  {student}: {why}", file=out)
+    return 1 if failed else 0
+
+
+def report(assignment: str, out=sys.stdout) -> int:
+    from course_tools import class_report
+
+    course = Course(assignment)
+    rep = class_report.collect(course.root, assignment, course.db_url)
+    if not rep.totals:
+        raise SystemExit(f"no graded submission of {assignment} in the gradebook: grade them first")
+    print(class_report.text(rep), file=out)
+    png = course.root / "build" / "class-report" / f"{assignment}.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    class_report.plot(rep).savefig(png, dpi=100)
+    print(f"\nplots: {png}", file=out)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m course_tools.grade", description=__doc__.splitlines()[0])
+    ap.add_argument("assignment", nargs="?", help="the assignment (a depth: beginner, developer, researcher)")
+    ap.add_argument("--workers", type=int, help="submissions graded at a time on this machine "
+                    "(default: what its cores and memory allow)")
+    ap.add_argument("--scheduler", help="grade on a Dask distributed cluster: tcp://HOST:PORT of its scheduler")
+    ap.add_argument("--student", nargs="+", action="extend", help="grade only these students")
+    ap.add_argument("--force", action="store_true", help="regrade submissions already graded")
+    ap.add_argument("--report", action="store_true", help="grade nothing: print the class report "
+                    "(per test the share that passed, common failures, linter codes, scores) and "
+                    "save its plots to build/class-report/ASSIGNMENT.png")
+    ap.add_argument("--task", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    # nbgrader runs `alembic` when it makes a gradebook: this environment's bin/ first
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    if args.task:
+        return _task_main(args.task)
+    if not args.assignment:
+        ap.error("the assignment to grade is needed")
+    if args.workers is not None and args.workers < 1:
+        ap.error("--workers must be 1 or more")
+    if args.scheduler and args.workers:
+        ap.error("--workers is for this machine; with --scheduler the cluster's workers grade")
+    if args.report:
+        return report(args.assignment)
+    return grade(args.assignment, args.workers, args.student, args.force, args.scheduler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
