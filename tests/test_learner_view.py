@@ -5,7 +5,9 @@
   have (the course's source lesson), and no CI plumbing in sight;
 - every lesson (a notebook without graded cells) asks before it shows: a prediction in each numbered
   section that runs ranks (an environment check or a text-only section needs none), and ends with 3 to 5 review questions whose answers are collapsed;
-- the settings cell holds plain settings; the run sizes come from ``helpers.lessons.interact.quick``.
+- the settings cell holds plain settings; the run sizes come from ``helpers.lessons.interact.quick``;
+- a lesson's code reads plainly: no `if QUICK:` override, no statements joined with `;`, no
+  subscript chained four deep (`timings[0][0][1][1]`), no cell that is only `confirm(...)` calls.
 
 The widgets themselves (a pick shows the feedback) and the collapsed answers in a real browser are
 checked by tests/test_browser.py.
@@ -13,6 +15,7 @@ checked by tests/test_browser.py.
 
 from __future__ import annotations
 
+import ast
 import re
 
 import nbformat
@@ -127,3 +130,45 @@ def test_lesson_ends_with_review_questions_answers_collapsed(path):
     later = cells[review[-1] + 1:]
     assert not any(c.cell_type == "code" or re.search(r"^## ", c.source, re.M) for c in later), \
         f"{rel(path)}: the lesson must end on its review; move what follows it (an appendix, a demo) before it"
+
+
+def _plainness_problems(source: str) -> list[str]:
+    """What makes a lesson's code cell hard to read (see the module docstring); IPython magics skipped."""
+    code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    tree = ast.parse(code)
+    found = [f"line {n.lineno}: `if QUICK:` (choose the sizes in the setup cell: `X = a if QUICK else X`)"
+             for n in ast.walk(tree) if isinstance(n, ast.If) and "QUICK" in ast.unparse(n.test)]
+    lines = code.splitlines()
+    starts = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.stmt):
+            starts.setdefault(n.lineno, []).append(n)
+    found += [f"line {ln}: statements joined with ';': {lines[ln - 1].strip()[:60]}"
+              for ln, nodes in starts.items() if len({id(x) for x in nodes}) > 1 and ";" in lines[ln - 1]
+              and not any(isinstance(x, (ast.If, ast.For, ast.While, ast.With, ast.FunctionDef)) for x in nodes)]
+    for n in ast.walk(tree):
+        depth, inner = 0, n
+        while isinstance(inner, ast.Subscript):
+            depth, inner = depth + 1, inner.value
+        if depth >= 4:
+            found.append(f"line {n.lineno}: {ast.unparse(n)} (name the parts)")
+    if tree.body and all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                         and getattr(s.value.func, "id", "") == "confirm" for s in tree.body):
+        found.append("only confirm(...) calls (put them in the cell whose result they check)")
+    return found
+
+
+def test_plainness_rules_catch_what_they_say():
+    assert _plainness_problems("if QUICK:\n    N = 2")
+    assert _plainness_problems("a = 1; b = 2")
+    assert _plainness_problems("v = t[0][0][1][1]")
+    assert _plainness_problems("confirm(x, 'y')\nconfirm(z, 'w')")
+    assert not _plainness_problems("N = 2 if QUICK else N\nv = t[0][1][2]\nprint(v)\nconfirm(v, 'v')\n"
+                                   "s = 'a; b'\nax.legend();")
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=rel)
+def test_lesson_code_reads_plainly(path):
+    found = [f"cell {i}: {problem}" for i, cell in enumerate(_cells(path)) if cell.cell_type == "code"
+             for problem in _plainness_problems(cell.source)]
+    assert not found, f"{rel(path)}:\n  " + "\n  ".join(found)

@@ -41,17 +41,18 @@ def ork101(call: str, only_rank0: bool, after_exit: str | None, inside: str | No
            guard_line: int | None = None) -> str:
     what = f"{call}, which runs {inside}," if inside else call
     where = f"the branch on the rank at line {guard_line}" if guard_line else "a branch on the rank"
+    paired = ("collectives are matched by order, not by line, so it pairs with whatever collective "
+              "the other ranks call next: it can return wrong data without an error, fail, or wait "
+              "until the job times out")
     if only_rank0:
-        return (f"{what} is reached by rank 0 only (inside {where}): the other ranks never "
-                f"call it, so rank 0 waits for them until the job times out; call every collective on "
-                f"every rank (move it after the if block)")
+        return (f"{what} is reached by rank 0 only (inside {where}): the other ranks never call it, and "
+                f"{paired}; call every collective on every rank (move it after the if block)")
     if after_exit:
         at = f" (the if at line {guard_line})" if guard_line else ""
-        return (f"{what} comes after a `{after_exit}` that depends on the rank{at}: the ranks that left never "
-                f"call it, so the others wait here until the job times out; let every rank reach every "
-                f"collective")
-    return (f"{what} is not reached by every rank (it sits in {where}): the ranks that do "
-            f"reach it wait for the others until the job times out; call every collective on every rank")
+        return (f"{what} comes after a `{after_exit}` that depends on the rank{at}: the ranks that left "
+                f"never call it, and {paired}; let every rank reach every collective")
+    return (f"{what} is not reached by every rank (it sits in {where}): {paired}; call every "
+            f"collective on every rank")
 
 
 def ork102(call: str) -> str:
@@ -73,9 +74,11 @@ def ork104(name: str, set_at: int | None = None) -> str:
 
 
 def ork105(name: str, set_at: int | None = None) -> str:
-    return (f"stops on `{name}`, this rank's own value{_from(set_at)}: the ranks can decide differently, so some leave "
-            f"the loop while the others wait in the next collective until the job times out; decide "
-            f"from an all-reduced value so that every rank stops at the same step")
+    return (f"stops on `{name}`, this rank's own value{_from(set_at)}: the ranks can decide differently, so "
+            f"some leave the loop while the others go on; collectives are matched by order, so the next "
+            f"one of the ranks that go on pairs with whatever the others call next: it can return wrong "
+            f"data without an error, fail, or wait until the job times out; decide from an all-reduced "
+            f"value so that every rank stops at the same step")
 
 
 def ork106(expr: str, wrapped_at: int | None = None) -> str:
