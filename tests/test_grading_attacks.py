@@ -115,6 +115,38 @@ HUGE = textwrap.dedent('''
         raise ValueError("x" * 100_000_000)
 ''')
 
+# Any valid Python in an answer cell: what the old definitions-only rule refused
+ANY_PYTHON_SAVE = textwrap.dedent('''
+    import functools
+    import torch.distributed as dist
+
+    class Saver(object):
+        """A base class, state computed at the top level."""
+        rank_zero = 0
+
+    def logged(f):
+        return functools.wraps(f)(lambda *a, **k: f(*a, **k))
+
+    print("defining save_once")
+
+    @logged
+    def save_once(obj, path, saver=Saver()):
+        if dist.get_rank() == saver.rank_zero:
+            torch.save(obj, path)
+        dist.barrier()
+''')
+
+ANY_PYTHON_AVERAGE = textwrap.dedent('''
+    DTYPE = getattr(torch, "float" + str(32 * 2))
+
+    def combined_average(loss, count, dtype=DTYPE):
+        totals = torch.tensor([loss * count, count], dtype=dtype)
+        dist.all_reduce(totals)
+        return (totals[0] / totals[1]).item()
+''')
+
+TOP_LEVEL_LOOP = "while True:\n    pass\n"
+
 LAZY = textwrap.dedent('''
     def save_once(obj, path):
         """Sleep instead of waiting for the save."""
@@ -148,6 +180,9 @@ def attacked(tmp_path_factory):
         "swallow_interrupt": {"save_once": SWALLOW, "combined_average": reference["combined_average"]},
         "huge_output": {"save_once": reference["save_once"], "combined_average": HUGE},
         "lazy_sleep": {"save_once": LAZY, "combined_average": reference["combined_average"]},
+        "any_python": {"save_once": ANY_PYTHON_SAVE, "combined_average": ANY_PYTHON_AVERAGE},
+        "top_level_loop": {"save_once": TOP_LEVEL_LOOP + reference["save_once"],
+                           "combined_average": reference["combined_average"]},
         "schema_99": reference,
         "zz_victim": reference,
     }
@@ -204,10 +239,25 @@ def test_cheats_score_nothing(attacked, student):
     assert attacked["graded"].total(student) == 0, attacked["graded"].scores[student]
 
 
-def test_a_rebinding_answer_is_told_why_it_was_not_run(attacked):
+def test_a_rebinding_answer_rebinds_nothing_in_the_grading_kernel(attacked):
+    """Its top level ran in the test's workers only: the kernel's check ran and judged the stub."""
     nb = attacked["graded"].notebook("cheat_rebind", SOURCE.stem)
+    assert "No worker called torch.save" in cell_output(nb, "test_save_once_only_rank0_writes")
+    nb = attacked["graded"].notebook("cheat_transformer", SOURCE.stem)
     text = cell_output(nb, "test_save_once_only_rank0_writes")
-    assert "its answer cell was not run during grading: line 2: an assignment" in text
+    assert "NameError" in text and "get_ipython" in text  # no IPython in a worker
+
+
+def test_any_valid_answer_cell_is_graded_on_what_its_function_does(attacked):
+    """Top-level code, a decorator, a base class and computed defaults, as in JupyterLab."""
+    assert _lost(attacked, "any_python") == set(), attacked["graded"].shown("any_python", _lost(attacked, "any_python"))
+
+
+def test_an_endless_loop_at_the_top_of_a_cell_costs_only_its_answer(attacked):
+    assert _lost(attacked, "top_level_loop") == SAVE
+    nb = attacked["graded"].notebook("top_level_loop", SOURCE.stem)
+    text = cell_output(nb, "test_save_once_only_rank0_writes")
+    assert "was still running after 5 s in a worker" in text and "Move it inside a function" in text
 
 
 def test_a_result_that_would_run_code_when_loaded_is_refused(attacked):
