@@ -139,6 +139,8 @@ _HUNG: dict[tuple, str] = {}
 
 
 def _answer_key(fn, name: str) -> tuple:
+    if type(fn) is Recorded:  # an answer recorded under autograde: the sources its ranks run
+        return (name, fn.cell, tuple(c.source for c in _program(fn)))
     if isinstance(fn, type):  # a class answer: the code of its methods
         return (name,) + tuple((k, f.__code__.co_code, repr(f.__code__.co_consts), f.__code__.co_names)
                                for k, f in sorted(vars(fn).items()) if type(f) is types.FunctionType)
@@ -393,7 +395,7 @@ def run_answer(harness: Callable, fn: Callable, *args, name: str, world_size: in
         if not cells:
             fail(f"{name}: its cell was not recorded by the grader. Run the cell that defines it, "
                  "then this test again.")
-        key = (name, fn.cell, tuple(c.source for c in cells))
+        key = _answer_key(fn, name)
         args = (harness, cells, name, kind, fn.cell, TOP_LEVEL_SECONDS, *args)
         harness, fn = _recorded_in_rank, None
     else:
