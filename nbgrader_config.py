@@ -33,7 +33,8 @@ c.Autograde.sanitize_preprocessors = [
 ]
 # Autograde runs the course's execute step instead of nbgrader's (course_tools/autograde.py; its
 # settings are CourseExecute.*, printed with their help by `python -m course_tools.autograde`): lesson notebooks are
-# not executed; a learner's cell runs only if it holds nothing but definitions; each kernel runs
+# not executed; a learner's cell is never run in the grading kernel, only recorded and run by the
+# tests' worker processes; each kernel runs
 # in a bubblewrap sandbox (or, without one, under resource limits, saying so in the log); a
 # kernel that dies or a cell that ignores its interrupt fails the cells after it; output is
 # capped in bytes; every process the kernel started is killed and its temp folder deleted.

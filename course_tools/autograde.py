@@ -6,12 +6,13 @@ README's instructor section. Every behaviour below is a configurable setting wit
 
 * **Only notebooks with graded cells run** (``skip_ungraded``). The lesson notebooks of a
   depth carry no tests; executing their demos for every submission would grade nothing.
-* **No learner code runs in the grading kernel** (``definitions_only``). A cell that is not an
-  instructor's locked cell (checked against the gradebook) runs only if it holds nothing but
-  definitions (:mod:`course_tools.definitions`); otherwise it is not run, says why, and the names
-  it would have defined fail their tests with that explanation. The tests run the learner's
-  functions in worker processes (``helpers.grading``), so nothing a learner wrote executes in
-  the kernel that holds the tests.
+* **No learner code runs in the grading kernel** (``answers_in_workers``). A cell that is not
+  one of the instructor's locked cells (checked against the gradebook) is never run in the
+  kernel: the kernel records its source (:func:`helpers.grading.answers.record`), binding the
+  names it defines to recorded answers, and each test ships that source as text to the worker
+  processes, which run it there, as JupyterLab would (any valid Python), and call the answer.
+  The instructor's locked setup cells run in the kernel and are recorded too (the workers run
+  them before the answers); test cells run in the kernel only.
 * **Each submission's kernel runs in a sandbox** (``sandbox``; :mod:`course_tools.sandbox`):
   the course (solutions, other submissions, the gradebook) is out of sight, the only writable
   places are a size-capped ``/tmp`` and the kernel's socket folder, every process lives in one
@@ -56,7 +57,6 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
 from course_tools import ROOT, has_graded_cells
-from course_tools import definitions
 from helpers.lint.feedback import add_lint_feedback
 from course_tools import budget as _budget
 from course_tools import sandbox as _sandbox
@@ -155,12 +155,13 @@ class CourseExecute(Execute):
         "Execute only notebooks that carry graded cells. A depth's lesson notebooks have no "
         "tests: running their demos for every submission would take minutes and grade nothing."
     )).tag(config=True)
-    definitions_only = Bool(True, help=(
-        "Run a cell that is not one of the instructor's locked cells only if it holds nothing "
-        "but definitions (imports, def and class statements, docstrings, literal assignments). "
-        "Other cells are not run and say why; the names they would define fail their tests "
-        "with that explanation. Keeps every line a learner wrote out of the kernel that holds "
-        "the tests (the tests run learner functions in worker processes)."
+    answers_in_workers = Bool(True, help=(
+        "Never run a cell that is not one of the instructor's locked cells in the grading "
+        "kernel: record its source instead (the names it defines become recorded answers) and "
+        "let the tests run it in their worker processes, where any valid Python is allowed. "
+        "Keeps every line a learner wrote out of the kernel that holds the tests. False runs "
+        "every cell in the kernel, as nbgrader does: only for trying the execute step on "
+        "notebooks of one's own, never for a class."
     )).tag(config=True)
     sandbox = Enum(["auto", "bwrap", "off"], "auto", help=(
         "Run each submission's kernel in a bubblewrap sandbox: 'bwrap' requires it (grading "
@@ -240,7 +241,7 @@ class CourseExecute(Execute):
         info = resources.get("nbgrader", {})
         self._preflight(info)
         self._who = f"{info.get('student', '?')}/{info.get('assignment', '?')}/{info.get('notebook', '?')}"
-        self._trusted = self._instructor_cells(info)
+        self._trusted, self._tests = self._instructor_cells(info)
         meta = resources.setdefault("metadata", {})
         original_path = meta.get("path")
         self._private = tempfile.mkdtemp(prefix="course-grading-")
@@ -459,18 +460,21 @@ class CourseExecute(Execute):
                          "killing the kernel's process tree: %s", why, self._who)
         return False
 
-    def _instructor_cells(self, info: dict) -> set[str]:
-        """Sources of the instructor's locked code cells of this notebook (from the gradebook)."""
+    def _instructor_cells(self, info: dict) -> tuple[set[str], set[str]]:
+        """Sources of the instructor's locked code cells of this notebook, and of those among
+        them that are tests (graded cells), from the gradebook."""
         if not info.get("db_url"):
-            return set()
+            return set(), set()
         from nbgrader.api import Gradebook, MissingEntry
 
         try:
             with Gradebook(info["db_url"]) as gb:
                 notebook = gb.find_notebook(info["notebook"], info["assignment"])
-                return {c.source for c in notebook.source_cells if c.locked and c.cell_type == "code"}
+                graded = {c.name for c in notebook.grade_cells}
+                locked = [c for c in notebook.source_cells if c.locked and c.cell_type == "code"]
+                return ({c.source for c in locked}, {c.source for c in locked if c.name in graded})
         except MissingEntry:
-            return set()
+            return set(), set()
 
     # ------------------------------------------------------------------ the kernel
 
@@ -546,12 +550,12 @@ class CourseExecute(Execute):
         if self._stopped is not None:
             cell.outputs = [_error("NotRun", f"not run: {self._stopped}, so this cell earns no points.")]
             return cell, self.resources
-        refused = None
-        if self.definitions_only and cell.source not in self._trusted:
-            refused = definitions.problems(cell.source)
         try:
-            if refused:
-                return self._refuse(cell, resources, index, refused)
+            if self.answers_in_workers and cell.source not in self._tests:
+                learners = cell.source not in self._trusted
+                self._record(cell, resources, index, trusted=not learners)
+                if learners:  # never run here: the tests run it in their workers
+                    return cell, self.resources
             result = super().preprocess_cell(cell, resources, index)
             if any(o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", [])):
                 # nbgrader turns the timeout into an error output; the kernel may still be busy
@@ -605,23 +609,22 @@ class CourseExecute(Execute):
             cell.setdefault("outputs", []).extend(errors)
             self.log.warning("%s: %s", self._who, "; ".join(e["evalue"] for e in errors))
 
-    def _refuse(self, cell, resources, index, problems):
-        """Do not run the learner's cell; define its names as refusals that explain why."""
-        names = definitions.bound_names(cell.source)
-        reason = "its answer cell was not run during grading: " + "; ".join(problems[:5]) + ". " + definitions.RULE
+    def _record(self, cell, resources, index, trusted: bool) -> None:
+        """Have the kernel keep the cell's source (helpers.grading.answers.record), unrun."""
         source = cell.source
-        binding = "".join(f"{n} = __refused({n!r}, {reason!r})\n" for n in names)
-        cell.source = ("from helpers.grading.answers import Refused as __refused\n" + binding
-                       + "del __refused\n")
+        cell.source = (f"__import__('helpers.grading.answers', fromlist=['record']).record("
+                       f"{index}, {source!r}, globals(), trusted={trusted})")
         try:
             super().preprocess_cell(cell, resources, index)
         finally:
             cell.source = source
-        self.log.warning("Cell %d of %s not run (not only definitions): %s", index, self._who,
-                         "; ".join(problems[:3]))
-        cell.outputs = [_error("AnswerNotRun", "This cell was not run during grading: "
-                               + "; ".join(problems[:5]) + ". " + definitions.RULE)]
-        return cell, self.resources
+        if not trusted:
+            self.log.debug("Cell %d of %s recorded for the test workers", index, self._who)
+            for out in cell.get("outputs", []):  # a syntax error: say where, in the learner's terms
+                if out.get("output_type") == "error":
+                    out["traceback"] = [f"{out.get('ename')}: {out.get('evalue')}"]
+        else:
+            cell.outputs = []
 
     def _cap_output(self, cell) -> None:
         budget, kept, cut = self.max_output_bytes, [], 0

@@ -69,7 +69,8 @@ _ONE_POOL_AT_A_TIME = threading.Lock()  # the server ends an earlier pool when o
 def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: bool = True,
         detail_debug: bool = False, threads: int = 1, init_process_group: bool = True,
         show_warnings: bool = False, nproc_per_node: int | None = None,
-        plain_results: bool = False, start_timeout: float = 60, **kwargs) -> list:
+        plain_results: bool = False, start_timeout: float = 60, rank_args: list | None = None,
+        on_return: Callable[[int], None] | None = None, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on every rank of a fresh gloo group; return the values.
 
     world_size: number of ranks (processes), 1 to 32.
@@ -99,6 +100,14 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
         caller. Anything else raises :class:`UnsendableResult`. Default: any value cloudpickle
         can send (the rank's code is trusted, as a learner's own code in their own kernel).
 
+    rank_args: one tuple per rank, appended to ``args`` on that rank only: rank ``r`` calls
+        ``fn(*args, *rank_args[r], **kwargs)``, and no rank's process ever holds another
+        rank's tuple (each rank's job file is unlinked before the group forms). For callers
+        that must not trust the ranks' code (grading: each rank gets only its own inputs).
+    on_return: called here, in the caller, with a rank's number as soon as that rank's
+        result arrives (before the other ranks have finished): the moment to look, from
+        outside the ranks, at what they left (the grader inspects a checkpoint file then).
+
     Any other keyword argument is passed to ``fn``.
 
     Raises :class:`HangError` (a ``TimeoutError``) when ``fn`` does not finish in time,
@@ -109,12 +118,15 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
     stops the pool and reaches the caller.
     """
     nproc = _check(fn, world_size, timeout, start_timeout, threads, nproc_per_node)
+    if rank_args is not None and len(rank_args) != world_size:
+        raise ValueError(f"rank_args needs one tuple per rank: {world_size} ranks, got "
+                         f"{len(rank_args)} tuples.")
     options = Options(world_size=world_size, nproc_per_node=nproc, timeout=float(timeout),
                       start_timeout=float(start_timeout), echo=echo, detail=detail_debug,
                       threads=threads, init=init_process_group, show_warnings=show_warnings,
                       plain=bool(plain_results))
     with _ONE_POOL_AT_A_TIME:  # threads of one process take turns
-        pool = Pool(fn, args, kwargs, options, _server())
+        pool = Pool(fn, args, kwargs, options, _server(), rank_args=rank_args, on_return=on_return)
         with _interrupts_held_while(pool):
             try:
                 pool.start()

@@ -96,7 +96,7 @@ def test_right_save_once_passes_both_checks(answer, capsys):
 
 
 @pytest.mark.parametrize("answer,words", [
-    (save_everyone, "Workers 0, 1 and 2 all called torch.save"),
+    (save_everyone, "The file was written 3 times"),
     (save_wrong_rank, "Worker 1 wrote the file, but worker 0 did not"),
     (save_nothing, "No worker called torch.save"),
     (save_something_else, "does not hold the object worker 0 passed"),
@@ -109,7 +109,7 @@ def test_only_rank0_check_names_the_mistake(answer, words):
 @pytest.mark.parametrize("answer", [save_no_barrier, save_file_object_no_barrier],
                          ids=lambda f: f.__name__)
 def test_a_missing_barrier_fails_every_time(answer):
-    """Three runs in a row: the slow save makes the race show on every one of them."""
+    """Three runs in a row: the grader holds worker 0's save open, so the race shows on every one."""
     checks.save_once_only_rank0_writes(answer, world_size=3)  # it does write once...
     for _ in range(3):
         with pytest.raises(AssertionError, match="opened the file as soon as save_once returned"):
@@ -117,7 +117,7 @@ def test_a_missing_barrier_fails_every_time(answer):
 
 
 @pytest.mark.parametrize("sleep,words", [
-    ("0.5", "found it only half-written|found no file"),   # long enough for the short save only
+    ("0.1", "found it only half-written|found no file|not worker 0's save"),  # shorter than the short save
     ("3.5", r"returned \d\.\d s after worker 0's save"),   # long enough for both: too late after the short one
 ])
 def test_no_fixed_sleep_passes_the_waiting_check(monkeypatch, sleep, words):
@@ -127,7 +127,8 @@ def test_no_fixed_sleep_passes_the_waiting_check(monkeypatch, sleep, words):
 
 
 def test_every_worker_writing_passes_the_waiting_check():
-    """Its mistake is covered by the other check only (identical bytes, all done before the barrier)."""
+    """Its mistake is covered by the other check only: the other workers' saves end before worker 0's,
+    which the grader holds open, and worker 0's overwrites them before anyone passes the barrier."""
     checks.save_once_everyone_waits(save_everyone, world_size=3)
 
 

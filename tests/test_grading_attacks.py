@@ -115,6 +115,105 @@ HUGE = textwrap.dedent('''
         raise ValueError("x" * 100_000_000)
 ''')
 
+# Any valid Python in an answer cell: what the old definitions-only rule refused
+ANY_PYTHON_SAVE = textwrap.dedent('''
+    import functools
+    import torch.distributed as dist
+
+    class Saver(object):
+        """A base class, state computed at the top level."""
+        rank_zero = 0
+
+    def logged(f):
+        return functools.wraps(f)(lambda *a, **k: f(*a, **k))
+
+    print("defining save_once")
+
+    @logged
+    def save_once(obj, path, saver=Saver()):
+        if dist.get_rank() == saver.rank_zero:
+            torch.save(obj, path)
+        dist.barrier()
+''')
+
+ANY_PYTHON_AVERAGE = textwrap.dedent('''
+    DTYPE = getattr(torch, "float" + str(32 * 2))
+
+    def combined_average(loss, count, dtype=DTYPE):
+        totals = torch.tensor([loss * count, count], dtype=dtype)
+        dist.all_reduce(totals)
+        return (totals[0] / totals[1]).item()
+''')
+
+TOP_LEVEL_LOOP = "while True:\n    pass\n"
+
+# Issue 21's cheats on the grader's instruments: each wrote the one wrong answer and faked what the
+# grader used to observe inside the rank. The grader now observes from the kernel.
+CLEAR_LOG = textwrap.dedent('''
+    def save_once(obj, path):
+        """Every worker writes; the others then clear the grader's save log in the calling frames."""
+        import sys
+        torch.save(obj, path)
+        if dist.get_rank() != 0:
+            frame = sys._getframe(1)
+            while frame is not None:
+                for name, value in list(frame.f_locals.items()):
+                    if name == "log" and isinstance(value, list):
+                        value.clear()
+                frame = frame.f_back
+        dist.barrier()
+''')
+
+PATCH_LOAD = textwrap.dedent('''
+    def save_once(obj, path):
+        """No barrier; the other workers make every load of the file succeed with obj."""
+        import helpers.lessons.races as races
+        from helpers.lessons.races import LoadOutcome
+        if dist.get_rank() == 0:
+            torch.save(obj, path)
+        else:
+            torch.load = lambda *a, **k: obj
+            races.try_load = lambda *a, **k: LoadOutcome("ok")
+''')
+
+FORGE_FRAME = textwrap.dedent('''
+    def save_once(obj, path):
+        """No barrier; the other workers write their own "all went well" result frame on the
+        pool's result pipe, found in the rank's main frame, and never return."""
+        import sys, threading, time
+        from helpers._pool import messages
+        if dist.get_rank() == 0:
+            torch.save(obj, path)
+            return
+        frame = sys._getframe(1)
+        while frame is not None and "result_fd" not in frame.f_locals:
+            frame = frame.f_back
+        rank = dist.get_rank()
+        fake = {"rank": rank, "saves": 0, "runs": [{"saves_ended": [], "returned": time.time() + 9,
+                "outcome": "ok", "detail": "", "same": True, "seconds": 0.0}] * 2}
+        messages.send(frame.f_locals["result_fd"], messages.Returned(0.0, messages.dump_plain(fake)))
+        threading.Event().wait()
+''')
+
+READ_INPUTS = textwrap.dedent('''
+    def combined_average(loss, count):
+        """No collective: the other workers' inputs from the calling frames or the pool's job files."""
+        import glob, sys
+        frame = sys._getframe(1)
+        while frame is not None:
+            found = frame.f_locals
+            if isinstance(found.get("losses"), list) and isinstance(found.get("counts"), list):
+                pairs = list(zip(found["losses"], found["counts"]))
+                return sum(l * c for l, c in pairs) / sum(c for _, c in pairs)
+            frame = frame.f_back
+        for job in glob.glob("/tmp/helpers-spawn-*/job*.pkl"):
+            open(job, "rb").read()  # there is none left to read by the time any answer runs
+            raise RuntimeError("found another rank's job file: " + job)
+        return loss
+''')
+
+EVERY_RANK_SAVES = "def save_once(obj, path):\n    torch.save(obj, path)\n"
+
 LAZY = textwrap.dedent('''
     def save_once(obj, path):
         """Sleep instead of waiting for the save."""
@@ -148,6 +247,14 @@ def attacked(tmp_path_factory):
         "swallow_interrupt": {"save_once": SWALLOW, "combined_average": reference["combined_average"]},
         "huge_output": {"save_once": reference["save_once"], "combined_average": HUGE},
         "lazy_sleep": {"save_once": LAZY, "combined_average": reference["combined_average"]},
+        "any_python": {"save_once": ANY_PYTHON_SAVE, "combined_average": ANY_PYTHON_AVERAGE},
+        "top_level_loop": {"save_once": TOP_LEVEL_LOOP + reference["save_once"],
+                           "combined_average": reference["combined_average"]},
+        "cheat_clear_log": {"save_once": CLEAR_LOG, "combined_average": reference["combined_average"]},
+        "cheat_patch_load": {"save_once": PATCH_LOAD, "combined_average": reference["combined_average"]},
+        "cheat_forge_frame": {"save_once": FORGE_FRAME, "combined_average": reference["combined_average"]},
+        "cheat_read_inputs": {"save_once": reference["save_once"], "combined_average": READ_INPUTS},
+        "every_rank_saves": {"save_once": EVERY_RANK_SAVES, "combined_average": reference["combined_average"]},
         "schema_99": reference,
         "zz_victim": reference,
     }
@@ -204,10 +311,25 @@ def test_cheats_score_nothing(attacked, student):
     assert attacked["graded"].total(student) == 0, attacked["graded"].scores[student]
 
 
-def test_a_rebinding_answer_is_told_why_it_was_not_run(attacked):
+def test_a_rebinding_answer_rebinds_nothing_in_the_grading_kernel(attacked):
+    """Its top level ran in the test's workers only: the kernel's check ran and judged the stub."""
     nb = attacked["graded"].notebook("cheat_rebind", SOURCE.stem)
+    assert "No worker called torch.save" in cell_output(nb, "test_save_once_only_rank0_writes")
+    nb = attacked["graded"].notebook("cheat_transformer", SOURCE.stem)
     text = cell_output(nb, "test_save_once_only_rank0_writes")
-    assert "its answer cell was not run during grading: line 2: an assignment" in text
+    assert "NameError" in text and "get_ipython" in text  # no IPython in a worker
+
+
+def test_any_valid_answer_cell_is_graded_on_what_its_function_does(attacked):
+    """Top-level code, a decorator, a base class and computed defaults, as in JupyterLab."""
+    assert _lost(attacked, "any_python") == set(), attacked["graded"].shown("any_python", _lost(attacked, "any_python"))
+
+
+def test_an_endless_loop_at_the_top_of_a_cell_costs_only_its_answer(attacked):
+    assert _lost(attacked, "top_level_loop") == SAVE
+    nb = attacked["graded"].notebook("top_level_loop", SOURCE.stem)
+    text = cell_output(nb, "test_save_once_only_rank0_writes")
+    assert "was still running after 5 s in a worker" in text and "Move it inside a function" in text
 
 
 def test_a_result_that_would_run_code_when_loaded_is_refused(attacked):
@@ -251,3 +373,40 @@ def test_feedback_shows_hidden_failures_but_not_hidden_tests(attacked):
     assert "world_size=4" not in text and "world_size=5" not in text  # the hidden ones
     assert "hidden tests run here when graded" in text
     assert re.search(r"Worker [12] returned \d\.\d s after worker 0's save", text)  # the failure, in words
+
+
+# ----------------------------------------------------------------------------- the instruments
+
+
+def test_clearing_the_save_log_hides_no_write(attacked):
+    """The writes are counted in the kernel (inotify), not in a list the rank can reach."""
+    assert _lost(attacked, "cheat_clear_log") == {"test_save_once_only_rank0_writes"}
+    nb = attacked["graded"].notebook("cheat_clear_log", SOURCE.stem)
+    assert "The file was written 3 times" in cell_output(nb, "test_save_once_only_rank0_writes")
+
+
+def test_patching_torch_load_in_the_ranks_fakes_no_complete_file(attacked):
+    """The kernel opens the file itself, when each rank's result arrives."""
+    assert _lost(attacked, "cheat_patch_load") == {"test_save_once_everyone_waits"}
+    nb = attacked["graded"].notebook("cheat_patch_load", SOURCE.stem)
+    assert "before the file was complete" in cell_output(nb, "test_save_once_everyone_waits")
+
+
+def test_a_forged_result_frame_is_only_an_early_return(attacked):
+    """A frame carries only the answer's claim that it returned; the kernel looks then."""
+    assert _lost(attacked, "cheat_forge_frame") == {"test_save_once_everyone_waits"}
+    nb = attacked["graded"].notebook("cheat_forge_frame", SOURCE.stem)
+    assert "before the file was complete" in cell_output(nb, "test_save_once_everyone_waits")
+
+
+def test_a_rank_finds_no_other_ranks_inputs(attacked):
+    """Each rank is given only its own loss and count; the job files are gone before any answer runs."""
+    assert _lost(attacked, "cheat_read_inputs") == AVERAGE
+    nb = attacked["graded"].notebook("cheat_read_inputs", SOURCE.stem)
+    text = cell_output(nb, "test_combined_average_same_on_every_worker")
+    assert "Each worker returned its own loss" in text and "job file" not in text
+
+
+def test_every_rank_saving_fails_both_save_tests(attacked):
+    """Plain torch.save on every worker: written 3 times, and workers return before worker 0's save."""
+    assert _lost(attacked, "every_rank_saves") == SAVE

@@ -137,7 +137,7 @@ def test_the_execute_step_runs_only_notebooks_with_graded_cells():
     lesson = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('ran')")])
     nb, _ = CourseExecute().preprocess(copy.deepcopy(lesson), {})
     assert nb.cells[0].outputs == []  # a lesson notebook: not executed, no kernel started
-    every = CourseExecute(skip_ungraded=False, definitions_only=False, sandbox="off")
+    every = CourseExecute(skip_ungraded=False, answers_in_workers=False, sandbox="off")
     nb, _ = every.preprocess(copy.deepcopy(lesson), {})
     assert [o.get("text") for o in nb.cells[0].outputs] == ["ran\n"]
 
@@ -145,7 +145,7 @@ def test_the_execute_step_runs_only_notebooks_with_graded_cells():
 def test_the_execute_step_settings_have_help():
     from course_tools.autograde import CourseExecute
 
-    for name in ("skip_ungraded", "definitions_only", "sandbox", "temp_workdir", "kill_processes",
+    for name in ("skip_ungraded", "answers_in_workers", "sandbox", "temp_workdir", "kill_processes",
                  "max_output_bytes", "limit_processes", "limit_file_bytes", "limit_cpu_seconds",
                  "limit_memory_bytes"):
         trait = CourseExecute.class_traits()[name]
@@ -159,7 +159,7 @@ def test_a_cell_past_its_limit_that_ignores_the_interrupt_stops_the_notebook_not
     swallow = "import time\nwhile True:\n    try:\n        time.sleep(0.1)\n    except KeyboardInterrupt:\n        pass"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in
                                          ("print('before')", swallow, "print('after')")])
-    step = CourseExecute(skip_ungraded=False, definitions_only=False, sandbox="off", timeout=3)
+    step = CourseExecute(skip_ungraded=False, answers_in_workers=False, sandbox="off", timeout=3)
     nb, _ = step.preprocess(nb, {})
     assert [o.get("text") for o in nb.cells[0].outputs] == ["before\n"]
     assert [o.get("ename") for o in nb.cells[1].outputs] == ["CellTimeoutError"]
@@ -172,7 +172,7 @@ def test_a_cell_keeps_at_most_its_byte_budget_of_output():
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('x' * 3_000_000)"),
                                          nbformat.v4.new_code_cell("print('small')")])
-    step = CourseExecute(skip_ungraded=False, definitions_only=False, sandbox="off", max_output_bytes=100_000)
+    step = CourseExecute(skip_ungraded=False, answers_in_workers=False, sandbox="off", max_output_bytes=100_000)
     nb, _ = step.preprocess(nb, {})
     big = nb.cells[0].outputs
     assert sum(len(o.get("text", "")) for o in big) < 101_000

@@ -1,69 +1,57 @@
-"""The grader's rules, without running anything: which learner cells run during autograde
-(course_tools.definitions), and where the pools' time limit comes from (helpers.grading)."""
+"""The grader's rules, without running anything: what the grading kernel keeps of a learner's cell
+instead of running it (helpers.grading.answers.record), which cells a rank runs for an answer, and
+where the pools' time limit comes from (helpers.grading)."""
 
 from __future__ import annotations
 
 import pytest
 from traitlets.config.loader import PyFileConfigLoader
 
-from course_tools.definitions import bound_names, problems
+from helpers.grading import answers
 from tests.conftest import ROOT
 
-RUN = [
-    'def save_once(obj, path):\n    """Doc."""\n    import os\n    os._exit(1)  # a body runs in a worker, later\n',
-    "import os\nimport torch.distributed as dist\nfrom torch import save\n",
-    "N = 3\nNAMES = ('a', 'b')\nLIMITS = {'x': [1, -2.5]}\n",
-    "def f(x, y=3, *args, z=(1, 2), **kw):\n    return x\n",
-    'class Helper:\n    """Doc."""\n    SIZE = 4\n    def go(self):\n        return 1\n',
-    '"""A docstring."""\npass\n',
-]
-
-REFUSED = {
-    "import os\nos._exit(1)\n": "line 2: top-level code (expr)",
-    "while True:\n    pass\n": "line 1: top-level code (while)",
-    "import helpers.grading.beginner as check\ncheck.save_once_only_rank0_writes = print\n":
-        "line 2: an assignment that is not `name = plain value`",
-    "get_ipython().input_transformers_post.append(lambda lines: ['pass'])\n": "line 1: top-level code (expr)",
-    "!pip install cheats\n": "line 1: it is not plain Python",
-    "%time f()\n": "line 1: it is not plain Python",
-    "@staticmethod\ndef f():\n    pass\n": "the decorator on f()",
-    "def f(x=print('now')):\n    pass\n": "a default value of f() that is not a plain value",
-    "def f(x: int) -> int:\n    return x\n": "the annotations of f()",
-    "class A(object):\n    pass\n": "the decorators, base classes or keywords of class A",
-    "class A:\n    print('now')\n": "code in the body of class A",
-    "__builtins__ = {}\n": "an assignment that is not `name = plain value`",
-    "def __getattr__(name):\n    return 1\n": "the name __getattr__",
-    "import antigravity\n": "line 1: import antigravity",
-    "from . import secrets\n": "line 1: from . import ...",
-    "N = len([1])\n": "an assignment that is not `name = plain value`",
-    "try:\n    pass\nexcept Exception:\n    pass\n": "top-level code (try)",
-}
+SETUP = "import os\nimport torch.distributed as dist\nfrom helpers.lessons.interact import quick\nQUICK = quick(QUICK)\n"
 
 
-@pytest.mark.parametrize("source", RUN)
-def test_definitions_run(source):
-    assert problems(source) == []
+@pytest.fixture
+def cells():
+    """A fresh record of cells (the module keeps one per kernel)."""
+    saved = dict(answers._CELLS)
+    answers._CELLS.clear()
+    yield answers._CELLS
+    answers._CELLS.clear()
+    answers._CELLS.update(saved)
 
 
-@pytest.mark.parametrize("source", list(REFUSED))
-def test_anything_else_is_refused_with_its_line(source):
-    found = problems(source)
-    assert found and any(REFUSED[source] in p for p in found), found
+def test_a_learner_cell_is_recorded_not_run(cells):
+    ns = {}
+    source = ("import os\nos._exit(1)\nwhile True:\n    pass\n@staticmethod\ndef save_once(obj, path=print('now')):\n"
+              "    pass\nclass _Rank(object):\n    print('now')\nN = len([1])\nQUICK = True\n__builtins__ = {}\n")
+    answers.record(3, source, ns)  # would end this process if it ran anything
+    assert {k: type(v).__name__ for k, v in ns.items()} == {
+        "save_once": "Recorded", "_Rank": "Recorded", "N": "Recorded", "QUICK": "bool"}
+    assert ns["QUICK"] is True and ns["save_once"].cell == 3  # plain values are read, not run
+    assert cells[3].source == source
 
 
-def test_a_refused_cell_names_what_it_would_have_defined():
-    assert bound_names("import os\nos._exit(1)\ndef save_once(obj, path):\n    pass\nN = 3\n") == ["save_once", "N"]
-    assert bound_names("!ls\n") == []
+def test_a_cell_that_is_not_python_says_where():
+    with pytest.raises(SyntaxError, match="notebook commands such as `!pip`") as e:
+        answers.record(5, "!pip install cheats\n", {})
+    assert e.value.filename == "/answer-cells/cell_5.py"
 
 
-def test_every_reference_answer_runs_under_the_rule():
-    from course_tools.selfcheck import graded_notebooks
-    from course_tools.temp_course import reference_answers
-
-    for depth in ("beginner", "developer", "researcher"):
-        for source in graded_notebooks(ROOT / "solutions" / depth):
-            for grade_id, answer in reference_answers(source).items():
-                assert problems(answer) == [], (source.name, grade_id)
+def test_a_rank_runs_the_setup_and_what_the_answer_needs_not_the_other_answers(cells):
+    ns = {}
+    answers.record(1, "QUICK = False\n", ns)
+    answers.record(2, SETUP, ns, trusted=True)
+    answers.record(4, "def helper(x):\n    return x\nwhile True:\n    pass\n", ns)
+    answers.record(6, "import logging\nclass _Rank(logging.Filter):\n    pass\n"
+                      "def save_once(obj, path):\n    return helper(dist.get_rank())\n", ns)
+    answers.record(8, "def combined_average(loss, count):\n    return os.getpid()\n", ns)
+    program = lambda name: [c.index for c in answers._program(ns[name])]  # noqa: E731
+    assert program("save_once") == [1, 2, 4, 6]  # QUICK for the setup cell, helper for the answer
+    assert program("combined_average") == [1, 2, 8]  # os is the setup cell's: no other answer runs
+    assert program("helper") == [1, 2, 4]
 
 
 def test_the_pool_limit_is_half_the_configured_cell_limit(monkeypatch):

@@ -209,7 +209,7 @@ RZO_ENV_ONLY = "import os\n\n" + RZO + """\
     return wrapper
 """
 
-# a class without bases, holding only methods: a definition the grader runs
+# a class whose instance wraps the function
 RZO_CLASS = "import functools\nimport os\n\nclass OnRankZero:\n" + """\
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
@@ -264,6 +264,63 @@ RZO_NEEDS_RANK = RZO + """\
     return wrapper
 """
 
+# What the logging lesson's practitioners write, which the grader once refused to run: a module-level
+# logging.Filter subclass, top-level code, a computed default value, a decorator applied at the top level
+SETUP_MODULE_FILTER = """\
+import logging
+import sys
+
+
+class _Rank(logging.Filter):
+    \"\"\"Stamps each record with the rank of the process that logs it.\"\"\"
+
+    def filter(self, record):
+        record.rank = int(os.environ.get("RANK", 0))
+        return True
+
+
+FORMAT = "[rank %(rank)s] " + "%(levelname)s %(message)s"
+print("setup_logging defined")
+
+
+def setup_logging(rank, log_dir, fmt=logging.Formatter(FORMAT)._fmt):
+    \"\"\"The train logger of this rank.\"\"\"
+    os.makedirs(log_dir, exist_ok=True)
+    logger = logging.getLogger("train")
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+        old.close()
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    handlers = [logging.FileHandler(os.path.join(log_dir, f"rank{rank}.log"))]
+    if rank == 0:
+        handlers.append(logging.StreamHandler(sys.stdout))
+        handlers[-1].setLevel(logging.INFO)
+    for h in handlers:
+        h.addFilter(_Rank())
+        h.setFormatter(logging.Formatter(fmt.replace("%(rank)s", str(rank))))
+        logger.addHandler(h)
+    return logger
+"""
+
+RZO_TOP_LEVEL_DECORATOR = """\
+import functools
+
+
+def _traced(f):
+    return functools.wraps(f)(lambda *a, **k: f(*a, **k))
+
+
+@_traced
+def rank_zero_only(fn):
+    \"\"\"Run fn on rank 0 only.\"\"\"
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+        return fn(*args, **kwargs) if rank == 0 else None
+    return wrapper
+"""
+
 DEVELOPER = {
     "reference": {"setup_logging": None, "rank_zero_only": None},
     "filter_return_early_env_only": {"setup_logging": SETUP_FILTER_RETURN_EARLY, "rank_zero_only": RZO_ENV_ONLY},
@@ -273,10 +330,12 @@ DEVELOPER = {
     "debug_console_no_wraps": {"setup_logging": SETUP_DEBUG_ON_CONSOLE, "rank_zero_only": RZO_NO_WRAPS},
     "basic_config_runs_everywhere": {"setup_logging": SETUP_BASIC_CONFIG, "rank_zero_only": RZO_RUNS_EVERYWHERE},
     "needs_rank": {"rank_zero_only": RZO_NEEDS_RANK},
+    "module_level_code": {"setup_logging": SETUP_MODULE_FILTER, "rank_zero_only": RZO_TOP_LEVEL_DECORATOR},
     "blank": {},
 }
 DEVELOPER_LOST = {
     "reference": set(),
+    "module_level_code": set(),
     "filter_return_early_env_only": set(),
     "every_rank_console_class": {CONSOLE},
     "no_rank_at_decoration": {CONSOLE, RUNS, BEFORE, EACH_CALL},

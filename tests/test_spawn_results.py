@@ -227,3 +227,50 @@ def test_an_exception_travels_as_text_with_its_type_name():
     err = info.value
     assert err.exc_type.endswith("Custom") and err.exc_message == "line one\nline two \u00e9"
     assert "raise Custom" in err.remote_traceback
+
+
+# ----------------------------------------------------------------------------- per-rank inputs, the caller's look
+
+
+def _own_inputs_only(shared, mine):
+    import glob
+
+    folder = os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]).rsplit(os.sep, 1)[0]
+    return {"rank": dist.get_rank(), "shared": shared, "mine": mine,
+            "jobs_left": sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, "job*")))}
+
+
+def test_each_rank_gets_only_its_own_arguments_and_finds_no_other_job():
+    got = run(_own_inputs_only, "all", world_size=3, rank_args=[("zero",), ("one",), ("two",)],
+              echo=False)
+    assert [(g["rank"], g["shared"], g["mine"]) for g in got] == [
+        (0, "all", "zero"), (1, "all", "one"), (2, "all", "two")]
+    assert all(g["jobs_left"] == [] for g in got)  # each job file is gone before any fn runs
+
+
+def test_rank_args_need_one_tuple_per_rank():
+    with pytest.raises(ValueError, match="rank_args needs one tuple per rank: 3 ranks, got 2"):
+        run(_own_inputs_only, "all", world_size=3, rank_args=[("a",), ("b",)])
+
+
+def _last_waits_for_the_callers_look(flag):
+    import time
+
+    if dist.get_rank() == 1:
+        while not os.path.exists(flag):  # made by the caller's on_return for rank 0
+            time.sleep(0.01)
+    return dist.get_rank()
+
+
+def test_on_return_runs_in_the_caller_as_each_result_arrives(tmp_path):
+    """Rank 1 returns only after the caller's callback for rank 0 has run: so it runs while
+    other ranks are still going, in the caller (it sees the caller's own list)."""
+    flag, seen = tmp_path / "looked", []
+
+    def look(rank):
+        seen.append((rank, os.getpid()))
+        flag.touch()
+
+    assert run(_last_waits_for_the_callers_look, str(flag), world_size=2, on_return=look,
+               echo=False, timeout=30) == [0, 1]
+    assert seen == [(0, os.getpid()), (1, os.getpid())]

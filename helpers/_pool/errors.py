@@ -18,7 +18,7 @@ __all__ = ["RankState", "HangError", "JoinTimeout", "WorkerError", "RankRaised",
 
 def _place(filename: str | None) -> str:
     """A readable place name: notebook cells are named as such, not by their temp file."""
-    if filename and re.search(r"ipykernel_\d+", filename):
+    if filename and (re.search(r"ipykernel_\d+", filename) or filename.startswith("/answer-cells/")):
         return "a notebook cell"
     return filename or "?"
 

@@ -192,12 +192,20 @@ def _forget(sel: selectors.BaseSelector, fileobj) -> None:
 class Pool:
     """Start, watch and stop the ranks of one call of ``run``."""
 
-    def __init__(self, fn, args, kwargs, options: Options, server: Server):
+    def __init__(self, fn, args, kwargs, options: Options, server: Server,
+                 rank_args: list | None = None, on_return=None):
         import cloudpickle
 
         self.fn_name = getattr(fn, "__name__", type(fn).__name__)
+        self.on_return = on_return
         try:
-            self.payload = cloudpickle.dumps((fn, args, kwargs))
+            # one job per rank: each rank reads its own and unlinks it before it joins the group,
+            # so no rank's code ever finds another rank's arguments
+            if rank_args is None:
+                self.payloads = [cloudpickle.dumps((fn, args, kwargs))] * options.world_size
+            else:
+                self.payloads = [cloudpickle.dumps((fn, tuple(args) + tuple(rank_args[r]), kwargs))
+                                 for r in range(options.world_size)]
         except Exception as e:
             raise TypeError(
                 f"{self.fn_name} (or one of its arguments) cannot be sent to the ranks: "
@@ -230,14 +238,16 @@ class Pool:
         for node in range(o.world_size // o.nproc_per_node):
             os.mkdir(os.path.join(self.folder, f"node{node}"))
         os.mkdir(os.path.join(self.folder, "errors"))
-        job = os.path.join(self.folder, "job.pkl")
-        with open(job, "wb") as f:
-            f.write(self.payload)
+        jobs = []
+        for rank, payload in enumerate(self.payloads):
+            jobs.append(os.path.join(self.folder, f"job{rank}.pkl"))
+            with open(jobs[-1], "wb") as f:
+                f.write(payload)
         env = dict(os.environ)
         env.update(GLOO_SOCKET_IFNAME=loopback_interface(), OMP_NUM_THREADS=str(o.threads))
         if o.detail:
             env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-        common = {"job": job, "folder": self.folder, "cwd": os.getcwd(), "path": list(sys.path),
+        common = {"folder": self.folder, "cwd": os.getcwd(), "path": list(sys.path),
                   "env": env, "threads": o.threads, "init": o.init, "plain": o.plain,
                   "group_timeout": o.start_timeout + o.timeout + 600,
                   "boot_path": [_package_parent()]}
@@ -253,7 +263,7 @@ class Pool:
                                 *(r for r, _ in pipes), control_fd=control_w)
             self.ranks.append(record)
             passed += [w for _, w in pipes] + [control_r]
-            specs.append({"rank": rank, "layout_env": layout.environment(
+            specs.append({"rank": rank, "job": jobs[rank], "layout_env": layout.environment(
                 self.store.port, os.path.basename(self.folder),
                 os.path.join(self.folder, f"node{layout.node}"),
                 os.path.join(self.folder, "errors", f"rank{rank}.json"))})
@@ -343,6 +353,8 @@ class Pool:
         elif isinstance(msg, messages.Returned):
             if r.result is None:
                 r.result = msg
+                if self.on_return is not None:
+                    self.on_return(r.rank)  # the caller's own look, as soon as rank r says it is done
         elif isinstance(msg, messages.Unsendable):
             self._fail()
             raise UnsendableResult(r.rank, msg.type_name, msg.reason, self._advice())

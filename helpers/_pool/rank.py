@@ -86,7 +86,10 @@ def rank_main(spec: dict) -> None:
     t0 = time.monotonic()
     try:
         with open(spec["job"], "rb") as f:
-            fn, args, kwargs = cloudpickle.loads(f.read())
+            job = f.read()
+        os.unlink(spec["job"])  # gone before any rank joins the group, so before any fn runs
+        fn, args, kwargs = cloudpickle.loads(job)
+        del job
         if spec["init"]:
             import datetime
 

@@ -23,67 +23,33 @@ __all__ = ["save_once_only_rank0_writes", "save_once_everyone_waits",
            "combined_average_same_on_every_worker", "combined_average_unequal_counts",
            "report_average_returns_combined", "report_average_only_worker0_prints"]
 
-#: Rank 0's slowed-down saves in :func:`save_once_everyone_waits`: (chunks, pause) for a short
-#: write of about 0.2 s and a long one of about 2.4 s. An answer that makes the other workers
-#: sleep instead of waiting at a barrier either returns before the long write is done or
-#: returns long after the short one ended; only waiting for the write passes both.
-SHORT_SAVE, LONG_SAVE = (4, 0.06), (12, 0.2)
-#: How soon after rank 0's write ends every worker must return (a barrier takes milliseconds).
+#: How long the grader holds worker 0's save open in :func:`save_once_everyone_waits`, seconds:
+#: a short save, then a long one. An answer that makes the other workers sleep instead of waiting
+#: at a barrier either returns before the long save is done or returns long after the short one
+#: ended; only waiting for the save passes both.
+SHORT_SAVE, LONG_SAVE = 0.5, 2.4
+#: How soon after worker 0's save ends every worker must return (a barrier takes milliseconds).
 PROMPT = 1.2
+
+# What a rank does here is learner-controlled: the answer runs in the same process and can rewrite
+# anything in it. So a rank gets only its own inputs, returns only the answer's own value, and
+# every observation a check relies on is made in the grading kernel: the file the ranks leave,
+# looked at when each rank's result arrives (``on_return``), the writes to it (an inotify watch,
+# helpers.grading.watch.Writes), and when worker 0's save could finish at the earliest
+# (helpers.grading.watch.Gate: the object it saves holds a secret the kernel releases).
 
 
 # ----------------------------------------------------------------------------- inside a rank
 
 
-def _only_rank0_in_rank(save_once, path):
-    import torch
-    import torch.distributed as dist
-
-    from helpers.lessons.races import watch_saves
-
-    rank = dist.get_rank()
-    obj = {"weights": torch.arange(6.0), "saved_by_rank": rank}
-    with watch_saves() as log:
-        save_once(obj, path)
-    return {"rank": rank, "saves": len(log)}
+def _save_in_rank(save_once, path, obj):
+    save_once(obj, path)
 
 
-def _waits_in_rank(save_once, folder):
-    """``save_once`` twice, rank 0's write short then long; after each, open the file at once."""
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    from helpers.lessons.races import try_load, watch_saves
-
-    rank = dist.get_rank()
-    runs = []
-    for i, (chunks, pause) in enumerate((SHORT_SAVE, LONG_SAVE)):
-        path = os.path.join(folder, f"ckpt-{i}.pt")
-        obj = {"weights": torch.arange(2000.0), "step": 7 + i}  # the same on every rank, as in DDP
-        with watch_saves(chunks=chunks, pause=pause) as log:
-            save_once(obj, path)
-        returned = time.time()
-        outcome = try_load(path)  # the very next thing a training script would do
-        same = None
-        if outcome == "ok":
-            got = torch.load(path, map_location="cpu", weights_only=True)
-            same = (isinstance(got, dict) and set(got) == set(obj) and got["step"] == obj["step"]
-                    and torch.equal(got["weights"], obj["weights"]))
-        runs.append({"saves_ended": [s["end"] for s in log if s["end"] is not None],
-                     "returned": returned, "outcome": str(outcome), "detail": outcome.detail,
-                     "same": same, "seconds": chunks * pause})
-    return {"rank": rank, "runs": runs}
-
-
-def _combined_in_rank(fn, losses, counts):
-    import torch.distributed as dist
-
+def _combined_in_rank(fn, loss, count):
     from helpers.grading.answers import plain
 
-    rank = dist.get_rank()
-    return plain(fn(losses[rank], counts[rank]))
+    return plain(fn(loss, count))
 
 
 # ----------------------------------------------------------------------------- in the grader
@@ -96,76 +62,136 @@ def _ranks(rs) -> str:
     return "workers " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
 
 
-def save_once_only_rank0_writes(save_once, world_size: int = 3) -> None:
-    """``save_once`` on ``world_size`` ranks: only rank 0 calls ``torch.save``, and the file
-    afterwards holds rank 0's object (each rank passes an object tagged with its rank)."""
-    __tracebackhide__ = True
+def _same_tensor(a, b) -> bool:
     import torch
 
-    with scratch() as folder:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def _load(path: str):
+    """The checkpoint at ``path``, read here (plain data only), or None if it cannot be."""
+    import torch
+
+    from helpers.lessons.races import try_load
+
+    outcome = try_load(path)
+    if outcome != "ok":
+        return outcome, None
+    try:
+        return outcome, torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - rewritten since: torn after all
+        from helpers.lessons.races import LoadOutcome
+
+        return LoadOutcome("torn", "it changed while it was read"), None
+
+
+def save_once_only_rank0_writes(save_once, world_size: int = 3) -> None:
+    """``save_once`` on ``world_size`` ranks: only rank 0 writes the file, once, and it holds
+    rank 0's object. Each rank passes an object tagged with its rank and a secret only that
+    rank is given; the grader counts the writes to the file itself (inotify)."""
+    __tracebackhide__ = True
+    import secrets
+
+    import torch
+
+    from helpers.grading.watch import Writes
+
+    tokens = [bytearray(secrets.token_bytes(16)) for _ in range(world_size)]
+    objs = [({"weights": torch.arange(6.0), "saved_by_rank": r, "token": tokens[r]},)
+            for r in range(world_size)]
+    with scratch() as folder, Writes(folder) as writes:
         path = os.path.join(folder, "ckpt.pt")
-        records = run_answer(_only_rank0_in_rank, save_once, path, name="save_once",
-                             world_size=world_size)
-        writers = [r["rank"] for r in records if r["saves"]]
-        if not writers:
-            fail("No worker called torch.save. save_once must write obj with torch.save(obj, path) "
-                 "on worker 0.")
-        if 0 not in writers:
-            fail(f"{_ranks(writers).capitalize()} wrote the file, but worker 0 did not. The rule is "
-                 "that worker 0 writes: check `dist.get_rank() == 0`.")
-        if writers != [0]:
-            others = [w for w in writers if w != 0]
-            fail(f"{_ranks(writers).capitalize()} all called torch.save: the file was written "
-                 f"{len(writers)} times. Only worker 0 should write; {_ranks(others)} already hold "
-                 "the same object and should skip the save (put it inside `if rank == 0:`).")
-        if not os.path.exists(path):
-            fail("After save_once returned on every worker there was no file at the path it was "
-                 "given. Worker 0 must save to exactly that path (torch.save(obj, path)).")
-        got = torch.load(path, map_location="cpu", weights_only=True)
-    if not (isinstance(got, dict) and got.get("saved_by_rank") == 0
-            and torch.equal(got.get("weights", torch.zeros(0)), torch.arange(6.0))):
+        run_answer(_save_in_rank, save_once, path, name="save_once", world_size=world_size,
+                   rank_args=objs)
+        count = writes.count("ckpt.pt")
+        exists = os.path.exists(path)
+        _, got = _load(path) if exists else (None, None)
+    by = next((r for r, t in enumerate(tokens) if isinstance(got, dict) and got.get("token") == t), None)
+    if not count and not exists:
+        fail("No worker called torch.save. save_once must write obj with torch.save(obj, path) "
+             "on worker 0.")
+    if count > 1:
+        last = f" (the last time by worker {by})" if by is not None else ""
+        fail(f"The file was written {count} times{last}, once per worker that called torch.save. "
+             "Only worker 0 should write; the other workers already hold the same object and "
+             "should skip the save (put it inside `if rank == 0:`).")
+    if by not in (0, None):
+        fail(f"Worker {by} wrote the file, but worker 0 did not. The rule is that worker 0 writes: "
+             "check `dist.get_rank() == 0`.")
+    if not exists:
+        fail("After save_once returned on every worker there was no file at the path it was "
+             "given. Worker 0 must save to exactly that path (torch.save(obj, path)).")
+    if not (by == 0 and got.get("saved_by_rank") == 0
+            and _same_tensor(got.get("weights"), torch.arange(6.0))):
         fail("The file does not hold the object worker 0 passed to save_once. Save obj itself: "
              "torch.save(obj, path).")
     passed(f"only worker 0 wrote the file ({world_size} workers)")
 
 
-def save_once_everyone_waits(save_once, world_size: int = 3) -> None:
-    """``save_once`` on ``world_size`` ranks, twice: rank 0's write is made slow, about 0.2 s
-    and then about 2.4 s. Every rank opens the file as soon as ``save_once`` returns and must
-    find it complete, and must have returned promptly once the write ended (no fixed sleep
-    passes both)."""
+def _one_timed_save(save_once, world_size: int, hold: float, step: int) -> None:
+    """One run of :func:`save_once_everyone_waits`: worker 0's save is held open ``hold`` s."""
     __tracebackhide__ = True
-    with scratch() as folder:
-        records = run_answer(_waits_in_rank, save_once, folder, name="save_once",
-                             world_size=world_size)
-    for i in range(2):
-        ended = [t for r in records for t in r["runs"][i]["saves_ended"]]
-        if not ended:
-            fail("No worker called torch.save: save_once must write obj with torch.save(obj, path) "
-                 "on worker 0.")
-        done = max(ended)
-        for r in records:
-            run = r["runs"][i]
-            if run["outcome"] == "ok" and not run["same"]:
-                fail(f"Worker {r['rank']} opened the file after save_once returned and it held "
-                     "something other than the object passed in. Save obj itself: "
-                     "torch.save(obj, path).")
-            if run["outcome"] != "ok":
-                if run["outcome"] == "missing":
-                    found = "found no file at all"
-                else:
-                    said = (run["detail"] or "").strip().rstrip(":") or "the loader hit the end of the file"
-                    found = f"found it only half-written (loading it failed with {said})"
-                fail(f"Worker {r['rank']} opened the file as soon as save_once returned and {found}: "
-                     f"the save was still going on for another {max(0.0, done - run['returned']):.2f} s. "
-                     "save_once must not return on any worker until the file is complete: after "
-                     "worker 0's torch.save, every worker (worker 0 too) must call dist.barrier().")
-            late = run["returned"] - done
+    import time
+
+    import torch
+
+    from helpers.grading.watch import Gate
+
+    weights = torch.arange(2000.0)
+    seen: dict[int, tuple] = {}
+    with scratch() as folder, Gate(folder, hold, name=".gate") as gate:
+        path = os.path.join(folder, "ckpt.pt")
+
+        def look(rank: int) -> None:  # in this kernel, as soon as the rank's result arrives
+            returned = time.time()
+            outcome, got = _load(path)
+            same = (isinstance(got, dict) and got.get("token") == gate.secret
+                    and got.get("step") == step and _same_tensor(got.get("weights"), weights))
+            seen[rank] = (returned, outcome, same)
+
+        # the same object on every rank, as in DDP; worker 0's also holds the gate's token
+        objs = [({"weights": weights, "step": step, "token": gate.token() if r == 0 else bytearray()},)
+                for r in range(world_size)]
+        run_answer(_save_in_rank, save_once, path, name="save_once", world_size=world_size,
+                   rank_args=objs, on_return=look)
+    if gate.released is None:
+        fail("Worker 0 never saved the object it was given: save_once must write obj with "
+             "torch.save(obj, path) on worker 0.")
+    for rank in sorted(seen):
+        returned, outcome, same = seen[rank]
+        if outcome == "ok" and same:
+            late = returned - gate.released
             if late > PROMPT:
-                fail(f"Worker {r['rank']} returned {late:.1f} s after worker 0's save of about "
-                     f"{run['seconds']:.1f} s had ended. A save can take any time: a worker that "
-                     "sleeps a fixed time is either too early or too late. Wait for the save "
-                     "itself: every worker calls dist.barrier() after worker 0's torch.save.")
+                fail(f"Worker {rank} returned {late:.1f} s after worker 0's save of about {hold:.1f} s "
+                     "had ended. A save can take any time: a worker that sleeps a fixed time is "
+                     "either too early or too late. Wait for the save itself: every worker calls "
+                     "dist.barrier() after worker 0's torch.save.")
+            continue
+        if outcome == "missing":
+            found = "found no file at all"
+        elif outcome == "ok":
+            found = ("found a file that was not worker 0's save (another worker's own save, or an "
+                     "object other than obj)")
+        else:
+            said = (outcome.detail or "").strip().rstrip(":") or "the loader hit the end of the file"
+            found = f"found it only half-written (loading it failed with {said})"
+        still = max(0.0, gate.released - returned)
+        fail(f"Worker {rank} returned from save_once before the file was complete: the grader "
+             f"opened the file as soon as save_once returned there and {found}; worker 0's save "
+             f"was still going on for another {still:.2f} s. save_once must not return on any "
+             "worker until the file is complete: after worker 0's torch.save, every worker "
+             "(worker 0 too) must call dist.barrier().")
+
+
+def save_once_everyone_waits(save_once, world_size: int = 3) -> None:
+    """``save_once`` on ``world_size`` ranks, twice: the grader holds rank 0's save open about
+    0.5 s and then about 2.4 s (the object rank 0 saves holds a secret the grader releases then).
+    As soon as each rank's ``save_once`` returns, the grader opens the file and must find it
+    complete; and each rank must return promptly once the save ended (no fixed sleep passes
+    both)."""
+    __tracebackhide__ = True
+    for i, hold in enumerate((SHORT_SAVE, LONG_SAVE)):
+        _one_timed_save(save_once, world_size, hold, step=7 + i)
     passed(f"every worker found the file complete, short save and long ({world_size} workers)")
 
 
@@ -191,8 +217,8 @@ def _as_number(value, rank: int, name: str, should: str) -> float:
 def _combined_average(combined_average, losses: list[float], counts: list[int]) -> None:
     __tracebackhide__ = True
     world = len(losses)
-    values = run_answer(_combined_in_rank, combined_average, list(losses), list(counts),
-                        name="combined_average", world_size=world)
+    values = run_answer(_combined_in_rank, combined_average, name="combined_average",
+                        world_size=world, rank_args=list(zip(losses, counts)))
     got = [_as_number(v, r, "combined_average", "one plain number, e.g. `(total / count).item()`")
            for r, v in enumerate(values)]
     n = sum(counts)
@@ -250,7 +276,7 @@ def combined_average_unequal_counts(combined_average, losses: list[float],
 REPORT_LINE = "average loss: {:.4f}"
 
 
-def _report_in_rank(report_average, losses, counts):
+def _report_in_rank(report_average, loss, count):
     import torch.distributed as dist
 
     from helpers.grading.answers import plain
@@ -258,7 +284,7 @@ def _report_in_rank(report_average, losses, counts):
 
     rank = dist.get_rank()
     with captured_output() as out:
-        value = report_average(losses[rank], counts[rank])
+        value = report_average(loss, count)
     return {"rank": rank, "value": plain(value), "stdout": out["stdout"], "stderr": out["stderr"]}
 
 
@@ -266,8 +292,8 @@ def _report(report_average, losses, counts) -> tuple[list[dict], float, str]:
     __tracebackhide__ = True
     if len(losses) != len(counts) or len(losses) < 2:
         raise ValueError("one loss and one count per worker, for at least 2 workers")
-    records = run_answer(_report_in_rank, report_average, list(losses), list(counts),
-                         name="report_average", world_size=len(losses))
+    records = run_answer(_report_in_rank, report_average, name="report_average",
+                         world_size=len(losses), rank_args=list(zip(losses, counts)))
     truth = sum(l * c for l, c in zip(losses, counts)) / sum(counts)
     setup = ("The workers' losses were " + ", ".join(f"{l:g} over {c} examples"
                                                       for l, c in zip(losses, counts))
