@@ -1,7 +1,8 @@
 """A small class for the class-grading tests: a two-exercise assignment, four submissions.
 
-The assignment (``tiny``) has two answer cells and two test cells (one with a hidden test), so a
-submission grades in seconds. Its course is the course's own ``nbgrader_config.py`` (execute step,
+The assignment (``tiny``) has two answer cells and two test cells (one with a hidden test) that call the
+answers in a worker process, as every check of the course does (the grading kernel never runs a
+learner's cell), so a submission grades in seconds. Its course is the course's own ``nbgrader_config.py`` (execute step,
 sandbox, sanitizing) with a 10 s cell limit and late submissions scored zero. The students:
 ``s1`` right and on time, ``s2`` right but late (a score of zero after the penalty), ``s3`` with
 a hanging ``halve`` (its test hits the cell limit), ``s4`` a file that is not a notebook.
@@ -43,11 +44,14 @@ def source_notebook():
         nbformat.v4.new_markdown_cell("Two small exercises."),
         cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
              metadata=_meta("double", solution=True)),
-        cell('"""double doubles"""\nassert double(3) == 6',
+        cell('"""double doubles"""\nfrom helpers.grading.answers import call\n'
+             'assert call(double, 3, name="double")["value"] == 6',
              metadata=_meta("test_double", grade=True, points=2, locked=True)),
         cell("def halve(x):\n    ### BEGIN SOLUTION\n    return x / 2\n    ### END SOLUTION",
              metadata=_meta("halve", solution=True)),
-        cell('"""halve halves"""\nassert halve(4) == 2\n### BEGIN HIDDEN TESTS\nassert halve(5) == 2.5\n'
+        cell('"""halve halves"""\nfrom helpers.grading.answers import call\n'
+             'assert call(halve, 4, name="halve")["value"] == 2\n'
+             '### BEGIN HIDDEN TESTS\nassert call(halve, 5, name="halve")["value"] == 2.5\n'
              '### END HIDDEN TESTS', metadata=_meta("test_halve", grade=True, points=1, locked=True)),
     ]
     return nb

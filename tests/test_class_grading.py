@@ -214,12 +214,13 @@ def test_dask_cluster_loses_nothing_when_a_worker_dies(plain, tmp_path, dask_clu
                                cwd=course, env=venv_env(COURSE_GRADE_TASK=mark),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 600  # a safety net: the run's preflight comes first
             busy = []  # wA's grading process has started (its parent is the worker)
             while not busy and time.monotonic() < deadline and run.poll() is None:
                 busy = marked(mark, parent=procs["wA"].pid)
                 time.sleep(0.1)
-            assert busy, "worker wA should be grading a submission"
+            assert busy, ("worker wA should be grading a submission", run.poll(),
+                          run.stderr.read() if run.poll() is not None else "")
             procs["wA"].kill()  # a grading machine lost mid-run
             procs["wA"].wait()
             out, err = run.communicate(timeout=600)
