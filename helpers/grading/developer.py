@@ -375,8 +375,10 @@ def should_stop_same_on_every_rank(should_stop, losses, counts, thresholds) -> N
     for t, answers in zip(thresholds, got):
         if len(set(answers)) != 1:
             fail(f"With threshold {t} the ranks disagree: {dict(enumerate(answers))}. The ranks that "
-                 "return True stop training while the others wait forever in their next collective: "
-                 "decide from the all-reduced loss, so that every rank reaches the same answer.")
+                 "return True stop training while the others go on to a collective that no longer has "
+                 "every rank: it waits until the timeout, fails when a stopped rank exits, or pairs with "
+                 "the next collective the stopped ranks call and returns wrong data. Decide from the "
+                 "all-reduced loss, so that every rank reaches the same answer.")
     for t, answers, want in zip(clear, got[len(thresholds):], (True, False)):
         if set(answers) != {want}:
             fail(f"With threshold {t:g} every rank's loss is {'below' if want else 'above'} it, so every "
