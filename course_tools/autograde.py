@@ -361,6 +361,11 @@ class CourseExecute(Execute):
         resources = {"nbgrader": {**info, "student": "(preflight: reference answers)"},
                      "metadata": {"path": os.path.dirname(source)}}
         nb, _ = step.preprocess(nb, resources)
+        if not step._tests:  # no test was run: the reference answers proved nothing
+            return (f"the gradebook ({info.get('db_url') or 'none given'}) holds no test cell of "
+                    f"{info['assignment']}/{info['notebook']}, so the preflight could not run the "
+                    f"tests on the reference answers: run `nbgrader generate_assignment "
+                    f"{info['assignment']}` for this course before grading.")
         from nbgrader.utils import determine_grade
 
         failed = {}

@@ -407,7 +407,8 @@ class Course:
             return None
         source = Path(self.coursedir.format_path(self.coursedir.source_directory, ".", self.assignment))
         for nb in sorted(source.glob("*.ipynb")):
-            problem = step._run_preflight({"assignment": self.assignment, "notebook": nb.stem})
+            problem = step._run_preflight({"assignment": self.assignment, "notebook": nb.stem,
+                                           "db_url": self.db_url})
             if problem:
                 return f"{nb.name}: {problem}"
         return None

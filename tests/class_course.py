@@ -3,9 +3,9 @@
 The assignment (``tiny``) has two answer cells and two test cells (one with a hidden test) that call the
 answers in a worker process, as every check of the course does (the grading kernel never runs a
 learner's cell), so a submission grades in seconds. Its course is the course's own ``nbgrader_config.py`` (execute step,
-sandbox, sanitizing) with a 10 s cell limit and late submissions scored zero. The students:
+sandbox, sanitizing) with a 30 s cell limit (a pool, started for each test, gets half of it) and late submissions scored zero. The students:
 ``s1`` right and on time, ``s2`` right but late (a score of zero after the penalty), ``s3`` with
-a hanging ``halve`` (its test hits the cell limit), ``s4`` a file that is not a notebook.
+a hanging ``halve`` (its test's pool times out), ``s4`` a file that is not a notebook.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ NOTEBOOK = "tiny.ipynb"
 DUE = datetime.datetime(2026, 1, 10, 12, 0, 0)
 #: The course's config, with what this class needs on top.
 EXTRA_CONFIG = """
-c.Execute.timeout = 10
+c.Execute.timeout = 30
 c.LateSubmissionPlugin.penalty_method = "zero"
 """
 
