@@ -3,7 +3,7 @@
 The assignment (``tiny``) has two answer cells and two test cells (one with a hidden test) that call the
 answers in a worker process, as every check of the course does (the grading kernel never runs a
 learner's cell), so a submission grades in seconds. Its course is the course's own ``nbgrader_config.py`` (execute step,
-sandbox, sanitizing) with a 30 s cell limit (a pool, started for each test, gets half of it) and late submissions scored zero. The students:
+sandbox, sanitizing) with a 30 s cell limit (each test's pool gets half of it) and late submissions scored zero. The students:
 ``s1`` right and on time, ``s2`` right but late (a score of zero after the penalty), ``s3`` with
 a hanging ``halve`` (its test's pool times out), ``s4`` a file that is not a notebook.
 """
