@@ -90,6 +90,19 @@ KERNEL_BOOT = (
 #: Where the sandboxed kernel finds its connection file (a read-only folder, emptied once the
 #: kernel is ready) and makes its sockets (jupyter's IPC transport: the sandbox has no network).
 KEY_DIR, SOCKET_DIR = "/run/key", "/run/kernel"
+#: The longest folder the kernel's sockets can be made in: a unix socket's path holds at most
+#: 107 bytes, and the names are ``k-<port>``.
+_SOCKET_FOLDER_MAX = 96
+
+
+def _socket_folder(private: str) -> str:
+    """A new folder (mode 0700) for the kernel's sockets, as seen from this process: in the
+    kernel's private folder, or where TMPDIR is too deep for a socket's path, in /tmp."""
+    folder = os.path.join(private, "ipc")
+    if len(folder) <= _SOCKET_FOLDER_MAX:
+        os.mkdir(folder, 0o700)
+        return folder
+    return tempfile.mkdtemp(prefix="course-ipc-", dir="/tmp")
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -245,6 +258,7 @@ class CourseExecute(Execute):
         meta = resources.setdefault("metadata", {})
         original_path = meta.get("path")
         self._private = tempfile.mkdtemp(prefix="course-grading-")
+        self._ipc = None
         workdir = os.path.join(self._private, "tmp")
         os.mkdir(workdir)
         self._stopped = None
@@ -254,8 +268,8 @@ class CourseExecute(Execute):
         self._seen = (0, 0)  # the group's OOM kills and refused forks before the current cell
         self._tmpfs_scratch = self._use_sandbox and _sandbox.sized_tmpfs()
         if self._use_sandbox:
-            for sub in ("key", "ipc"):
-                os.mkdir(os.path.join(self._private, sub), 0o755 if sub == "key" else 0o700)
+            os.mkdir(os.path.join(self._private, "key"), 0o755)
+            self._ipc = _socket_folder(self._private)
             if os.geteuid() == 0:
                 os.chown(workdir, _sandbox.UNPRIVILEGED, _sandbox.UNPRIVILEGED)
             meta["path"] = self._private  # where bwrap starts; the kernel's cwd is inside the sandbox
@@ -281,6 +295,9 @@ class CourseExecute(Execute):
             else:
                 meta["path"] = original_path
             _sandbox.remove_tree(self._private)
+            ipc = getattr(self, "_ipc", None)
+            if ipc and not ipc.startswith(self._private + os.sep) and os.path.isdir(ipc):
+                _sandbox.remove_tree(ipc)
 
     def _budget_group(self):
         if self.budget == "off":
@@ -496,7 +513,7 @@ class CourseExecute(Execute):
         if self._use_sandbox:  # no network in the sandbox: the kernel's sockets are unix sockets
             km.transport = "ipc"
             km.connection_file = os.path.join(self._private, "kernel.json")
-            km.ip = os.path.join(self._private, "ipc", "k")
+            km.ip = os.path.join(self._ipc, "k")
         return km
 
     def _kernel_env(self) -> dict:
@@ -511,7 +528,7 @@ class CourseExecute(Execute):
             "bwrap": self._use_sandbox, "group": self._group,
             "writable": None if self._tmpfs_scratch else self._workdir,
             "scratch_bytes": self.scratch_bytes, "env": env, "limits": self._limits(),
-            "key_dir": os.path.join(self._private, "key"), "socket_dir": os.path.join(self._private, "ipc"),
+            "key_dir": os.path.join(self._private, "key"), "socket_dir": getattr(self, "_ipc", None),
             "readable": [sys.prefix, str(ROOT / "helpers")] + list(self.sandbox_readable),
         }
 
