@@ -61,6 +61,22 @@ def chromium_path() -> str:
     return path
 
 
+def chromium_session(home: Path):
+    """``yield from chromium_session(home)`` in a fixture: Playwright started, headless Chromium
+    launched (:func:`launch_chromium`), both closed afterwards whatever happens."""
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        browser = launch_chromium(pw, home)
+        try:
+            yield browser
+        finally:
+            browser.close()
+    finally:
+        pw.stop()
+
+
 def launch_chromium(playwright, home: Path):
     """Headless Chromium from the system; its profile and crash database go under ``home``."""
     home.mkdir(parents=True, exist_ok=True)

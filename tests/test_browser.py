@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser_support import (ROOT, LabServer, NotebookDriver, check_notebook, copy_course,
-                                   graded_cells, launch_chromium, learner_notebooks,
+                                   graded_cells, chromium_session, learner_notebooks,
                                    mark_graded_cells_may_raise, release_assignments)
 
 # The fixtures below are session-scoped: each xdist worker that gets browser tests (they are
@@ -83,17 +83,7 @@ def lab(course):
 
 @pytest.fixture(scope="session")
 def browser(tmp_path_factory):
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()
-    try:
-        chromium = launch_chromium(pw, tmp_path_factory.mktemp("chromium-home"))
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-    finally:
-        pw.stop()
+    yield from chromium_session(tmp_path_factory.mktemp("chromium-home"))
 
 
 @pytest.fixture

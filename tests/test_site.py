@@ -329,19 +329,9 @@ def test_headings_are_in_order(built):
 
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory):
-    from playwright.sync_api import sync_playwright
+    from tests.browser_support import chromium_session
 
-    from tests.browser_support import launch_chromium
-
-    pw = sync_playwright().start()
-    try:
-        browser = launch_chromium(pw, tmp_path_factory.mktemp("chromium-home"))
-        try:
-            yield browser
-        finally:
-            browser.close()
-    finally:
-        pw.stop()
+    yield from chromium_session(tmp_path_factory.mktemp("chromium-home"))
 
 
 @pytest.fixture(scope="module")
