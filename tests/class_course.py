@@ -5,7 +5,8 @@ answers in a worker process, as every check of the course does (the grading kern
 learner's cell), so a submission grades in seconds. Its course is the course's own ``nbgrader_config.py`` (execute step,
 sandbox, sanitizing) with a 30 s cell limit (each test's pool gets half of it) and late submissions scored zero. The students:
 ``s1`` right and on time, ``s2`` right but late (a score of zero after the penalty), ``s3`` with
-a hanging ``halve`` (its test's pool times out), ``s4`` a file that is not a notebook.
+a hanging ``halve`` (its test's pool times out; the loop is one line, so where the rank was stuck
+is the same line whenever its stack is read), ``s4`` a file that is not a notebook.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ ANSWERS = {
     "s2": ({"double": "def double(x):\n    return 2 * x", "halve": "def halve(x):\n    return 0.5 * x"},
            datetime.datetime(2026, 1, 11, 9, 30, 0)),
     "s3": ({"double": "def double(x):\n    return 2 * x",
-            "halve": "def halve(x):\n    while True:\n        pass"}, None),
+            "halve": "def halve(x):\n    while True: pass"}, None),
     "s4": (None, None),
 }
 
