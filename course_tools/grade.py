@@ -213,14 +213,35 @@ def _write_files(folder: Path, files: dict[str, bytes]) -> None:
 # ============================================================================ one task
 
 
-def run_task(payload: dict, stop: threading.Event | None = None) -> dict:
+class _ClusterStop:
+    """The run's stop flag on a Dask cluster: a ``distributed.Event`` the instructor's process sets
+    on Ctrl-C, read by each task on its worker (a cancelled Dask task's thread is not stopped)."""
+
+    def __init__(self, name: str):
+        from distributed import Event
+
+        self.event = Event(name)
+
+    def is_set(self) -> bool:
+        try:
+            return self.event.is_set()
+        except Exception:  # noqa: BLE001 - the scheduler unreachable: the task goes on (its process
+            return False  # ends with the worker, which ends when the scheduler is gone for good)
+
+
+def run_task(payload: dict, stop: threading.Event | None = None, cluster_stop: str | None = None) -> dict:
     """Grade one submission in a private course, in a child process; return plain data.
 
     ``payload`` carries everything (see :func:`_payload`), so this runs on any machine with the
-    course's environment. Never raises for a submission's fault: the result says why."""
+    course's environment. Never raises for a submission's fault: the result says why. ``stop``
+    (a local run) or the Dask event named ``cluster_stop`` ends it early, as interrupted."""
     t0 = time.monotonic()
-    folder = Path(tempfile.mkdtemp(prefix="course-grade-"))
     student = payload["student"]
+    if cluster_stop is not None:
+        stop = _ClusterStop(cluster_stop)
+    if stop is not None and stop.is_set():  # the run was interrupted before this task started
+        return {"student": student, "ok": False, "interrupted": True, "error": "interrupted", "seconds": 0.0}
+    folder = Path(tempfile.mkdtemp(prefix="course-grade-"))
     try:
         course = folder / "course"
         _write_files(course / "submitted" / student / payload["assignment"], payload["files"])
@@ -547,6 +568,25 @@ def _deferred_interrupt():
         signal.signal(signal.SIGINT, previous)
 
 
+def _stop_cluster_tasks(client, futures: list, name: str) -> None:
+    """Ctrl-C on a Dask run: every task still running ends its grading process (its kernel and
+    ranks included) and returns unwritten, every task not started returns at once; wait for both,
+    so nothing of the run is left on any worker, then forget the tasks and the flag."""
+    from distributed import Event, wait
+
+    flag = Event(name, client=client)
+    try:
+        flag.set()
+        wait(futures, timeout=STOP_GRACE + 30)
+    except Exception:  # noqa: BLE001 - a worker or the scheduler lost: its tasks end with it
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            client.cancel(futures)
+            flag.clear()
+        client.close()
+
+
 def default_workers() -> tuple[int, str]:
     import psutil
 
@@ -617,6 +657,7 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
 
                 client = Client(scheduler, timeout=30)
                 futures = {client.submit(run_task, course.payload(s, gradebook, bound, mark),
+                                         cluster_stop=f"grade-stop-{mark}",
                                          key=f"grade-{assignment}-{s}-{mark}",
                                          pure=False): s for s in todo}
                 stream = dask_completed(futures)
@@ -654,8 +695,7 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
             if client is not None:
-                client.cancel(list(futures))
-                client.close()
+                _stop_cluster_tasks(client, list(futures), f"grade-stop-{mark}")
             print(f"\ninterrupted: {done} graded and written, {len(todo) - done - len(failed)} not; "
                   f"run it again to grade what is missing", file=out, flush=True)
             return 130

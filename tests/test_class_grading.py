@@ -117,16 +117,11 @@ def test_sqlite_has_one_writer(plain):
     assert "graded s" not in proc.stderr
 
 
-def test_ctrl_c_stops_cleanly_and_a_rerun_grades_the_rest(plain, tmp_path):
-    # s1, then s3: s3's hanging answer keeps its task running for its pool's whole timeout, so
-    # the second task is surely still grading when the first submission has been written
-    few = ["s1", "s3"]
-    course = make_class(tmp_path / "course", students=few)
-    mark = uuid.uuid4().hex
-    private_tmp = tmp_path / "tmp"
-    private_tmp.mkdir()
-    env = venv_env(COURSE_GRADE_TASK=mark, TMPDIR=str(private_tmp))
-    proc = subprocess.Popen([sys.executable, "-m", "course_tools.grade", ASSIGNMENT, "--workers", "1"],
+def interrupted_run(course: Path, mark: str, env: dict, *args) -> tuple[str, list[psutil.Process], set[int]]:
+    """Start grading ``course``, press Ctrl-C once one submission is written and the next one's
+    grading process runs; return the student written, the processes that were running and
+    their parents' pids."""
+    proc = subprocess.Popen([sys.executable, "-m", "course_tools.grade", ASSIGNMENT, *args],
                             cwd=course, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -140,6 +135,7 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_grades_the_rest(plain, tmp_path):
             time.sleep(0.2)
         running = marked(mark)
         assert running, "the next submission's task should be running"
+        parents = {p.info["ppid"] for p in psutil.process_iter(["ppid"]) if p in running}
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in its terminal sends
         rest = proc.stderr.read()
         assert proc.wait(timeout=120) == 130
@@ -148,21 +144,41 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_grades_the_rest(plain, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     out = "".join(lines) + rest
+    print(out)
     assert "interrupted: 1 graded and written, 1 not" in out
-    psutil.wait_procs(running, timeout=10)
-    assert marked(mark) == [], "every process of the run has ended"
-    assert list(private_tmp.iterdir()) == [], "its temporary folders are gone"
     (first,) = [line.split()[1].rstrip(":") for line in lines if line.startswith("graded ")]
-    rows = gradebook_rows(sqlite(course), few)
+    return first, running, parents
+
+
+def assert_one_written(course: Path, db_url: str, plain, first: str, few: list[str]) -> None:
+    rows = gradebook_rows(db_url, few)
     assert rows[first] == plain[1][first]
     assert all(rows[s] is None for s in few if s != first), "no half-written submission"
     assert sorted(p.name for p in (course / "autograded").iterdir()) == [first]
+
+
+# s1, then s3: s3's hanging answer keeps its task running for its pool's whole timeout, so the
+# second task is surely still grading when the first submission has been written
+INTERRUPTED = ["s1", "s3"]
+
+
+def test_ctrl_c_stops_cleanly_and_a_rerun_grades_the_rest(plain, tmp_path):
+    course = make_class(tmp_path / "course", students=INTERRUPTED)
+    mark = uuid.uuid4().hex
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    env = venv_env(COURSE_GRADE_TASK=mark, TMPDIR=str(private_tmp))
+    first, running, _ = interrupted_run(course, mark, env, "--workers", "1")
+    psutil.wait_procs(running, timeout=10)
+    assert marked(mark) == [], "every process of the run has ended"
+    assert list(private_tmp.iterdir()) == [], "its temporary folders are gone"
+    assert_one_written(course, sqlite(course), plain, first, INTERRUPTED)
 
     again = grade(course, env=env)
     assert again.returncode == 0
     assert "grading 1 submission(s) of tiny" in again.stderr and "1 already graded" in again.stderr
     assert f"graded {first}:" not in again.stderr
-    assert_same(course, sqlite(course), plain, few)
+    assert_same(course, sqlite(course), plain, INTERRUPTED)
 
 
 def test_postgresql_gradebook(plain, tmp_path):
@@ -246,6 +262,21 @@ def test_dask_cluster_loses_nothing_when_a_worker_dies(plain, tmp_path, dask_clu
     for name in ("wA", "wB"):
         assert list((tmp_path / name / "tmp").iterdir()) == [], f"{name} left its temporary files"
     shutil.rmtree(course)
+
+
+def test_ctrl_c_on_a_dask_cluster_ends_the_running_tasks(plain, tmp_path, dask_cluster):
+    address, procs, client = dask_cluster
+    course = make_class(tmp_path / "course", students=INTERRUPTED)
+    mark = uuid.uuid4().hex
+    first, running, parents = interrupted_run(course, mark, venv_env(COURSE_GRADE_TASK=mark),
+                                              "--scheduler", address)
+    assert parents & {procs["wA"].pid, procs["wB"].pid}, "a worker was grading when Ctrl-C came"
+    psutil.wait_procs(running, timeout=10)
+    assert marked(mark) == [], "the task still running on its worker ended its grading process"
+    for name in ("wA", "wB"):
+        assert list((tmp_path / name / "tmp").iterdir()) == [], f"{name} left its temporary files"
+    assert_one_written(course, sqlite(course), plain, first, INTERRUPTED)
+    assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0, "no task is left"
 
 
 def test_class_report(plain, tmp_path):
