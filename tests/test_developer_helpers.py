@@ -199,3 +199,36 @@ def returns_zero(model, optimizer, path):
 def test_the_missing_file_check_does_not_pass_an_answer_that_never_loads():
     with pytest.raises(AssertionError, match="with one saved at step 5 rank 0 returned 0"):
         ex.load_checkpoint_missing_file(returns_zero, world_size=2)
+
+
+def _writes_under_a_size_limit(folder):
+    import errno
+
+    from helpers.lessons.developer import file_size_limit
+
+    path = os.path.join(folder, f"rank{dist.get_rank()}.bin")
+    with file_size_limit(4096):
+        try:
+            with open(path, "wb") as f:
+                f.write(b"x" * 10_000)
+            refused = None
+        except OSError as err:
+            refused = err.errno
+        try:
+            torch.save(torch.zeros(4096), path + ".pt")   # 16 KB of data
+            save_refused = False
+        except RuntimeError:
+            save_refused = True
+    torch.save(torch.zeros(4096), path + ".pt")           # the limit is gone again
+    return refused == errno.EFBIG, save_refused, os.path.getsize(path), os.path.getsize(path + ".pt")
+
+
+def test_file_size_limit_makes_the_kernel_refuse_big_writes_and_is_lifted_after(tmp_path):
+    from helpers.lessons.developer import file_size_limit
+
+    for efbig, save_refused, size, after in run(_writes_under_a_size_limit, str(tmp_path), world_size=2, echo=False):
+        assert efbig and save_refused
+        assert size == 4096 and after > 16_384
+    with pytest.raises(ValueError, match="number of bytes"):
+        with file_size_limit(-1):
+            pass

@@ -230,3 +230,19 @@ def test_sorted_shards_are_equal_blocks_of_the_sorted_data(world_size):
     assert {len(sx) for sx, _ in shards} == {len(x) // world_size}
     assert torch.equal(torch.cat([sx for sx, _ in shards]), x) and torch.equal(torch.cat([sy for _, sy in shards]), y)
     assert bool((y[1:] >= y[:-1]).all())
+
+
+def test_fast_dashboard_runs_is_what_the_default_dashboard_serves(tmp_path):
+    run(_write_loss, str(tmp_path / "sep"), True, world_size=3, echo=False)
+    run(_write_loss, str(tmp_path / "one"), False, world_size=3, echo=False)
+    ranks = [[(s, 10.0 * r + s) for s in range(4)] for r in range(3)]
+    assert logs.fast_dashboard_runs(str(tmp_path / "sep"), "loss") == {f"rank{r}": ranks[r] for r in range(3)}
+    (points,) = logs.fast_dashboard_runs(str(tmp_path / "one"), "loss").values()
+    assert points in ranks                                # one value per step: one rank's curve
+    with _Dashboard(tmp_path / "one") as board:          # the dashboard itself, with its defaults
+        board.runs()
+        served = [(step, v) for _, step, v in board.get("/data/plugin/scalars/scalars?run=.&tag=loss")]
+    assert served == points
+    assert logs.fast_dashboard_runs(str(tmp_path / "one"), "no such tag") == {}
+    with pytest.raises(FileNotFoundError, match="write the event files there first"):
+        logs.fast_dashboard_runs(str(tmp_path / "missing"), "loss")

@@ -18,7 +18,7 @@ import sys
 from typing import Any, Iterator
 
 __all__ = ["pretend_saved_on", "run_script", "first_difference", "same", "sigkill_mid_write",
-           "folder", "file_mode", "plain_open_mode", "toy_job", "scheduler_sends_sigterm", "tiny_ddp", "seed_all",
+           "file_size_limit", "folder", "file_mode", "plain_open_mode", "toy_job", "scheduler_sends_sigterm", "tiny_ddp", "seed_all",
            "wilson_interval", "torchrun", "TorchrunResult", "gradient_all_reduces"]
 
 
@@ -168,6 +168,30 @@ def sigkill_mid_write(fraction: float = 0.5) -> Iterator[None]:
 
     with hook_torch_save(DiesMidway):
         yield
+
+
+@contextlib.contextmanager
+def file_size_limit(size: int) -> Iterator[None]:
+    """Inside this block, this process cannot write a file past ``size`` bytes (05_checkpointing_in_practice.ipynb).
+
+    The kernel enforces it (``RLIMIT_FSIZE``, as ``ulimit -f`` sets it): a write that would go
+    past the limit fails with ``EFBIG`` ("File too large"), which is what a full disk or an
+    exhausted quota does to a write, however the writer was called (threads included: the
+    limit is the process's). Python ignores the ``SIGXFSZ`` the kernel also sends, so the write
+    raises instead of killing the process. The previous limit is restored on the way out.
+    """
+    import resource
+
+    if size < 0:
+        raise ValueError(f"size is a number of bytes, 0 or more; got {size}")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if hard != resource.RLIM_INFINITY and size > hard:
+        raise ValueError(f"size {size} is above this process's hard file-size limit, {hard} bytes")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def folder(path: str) -> list[str]:

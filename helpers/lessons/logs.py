@@ -10,6 +10,7 @@ The lessons' point (who prints, who writes the event file, the ``[sum, count]`` 
 * :func:`rank_logs` -- the per-rank files ``torchrun --log-dir ... --redirects`` wrote.
 * :func:`dashboard_runs`, :func:`event_files` -- TensorBoard's runs and scalars, read with
   TensorBoard's own event reader, as its dashboard would list them.
+* :func:`fast_dashboard_runs` -- the same, as the default dashboard's own data server serves them.
 * :func:`count_collectives` -- inside a rank: which collectives a function started, however
   it called them.
 * :func:`sorted_shard`, :func:`sorted_data` -- a regression data set stored sorted by its
@@ -29,7 +30,7 @@ import sys
 from typing import Callable
 
 __all__ = ["run_and_capture", "on_screen", "rank_of", "rank_logs", "dashboard_runs",
-           "event_files", "count_collectives", "sorted_data", "sorted_shard"]
+           "fast_dashboard_runs", "event_files", "count_collectives", "sorted_data", "sorted_shard"]
 
 
 # ----------------------------------------------------------------------------- what a cell shows
@@ -135,6 +136,57 @@ def dashboard_runs(log_dir: str, tag: str) -> dict[str, list[tuple[int, float]]]
         if tag in acc.Tags()["scalars"]:
             runs[os.path.relpath(folder, log_dir)] = [(e.step, e.value) for e in acc.Scalars(tag)]
     return runs
+
+
+def fast_dashboard_runs(log_dir: str, tag: str, timeout: float = 60) -> dict[str, list[tuple[int, float]]]:
+    """What the default dashboard (``tensorboard --logdir log_dir``) serves for the scalar ``tag``:
+    ``{run: [(step, value), ...]}``, asked of its own fast data server.
+
+    That server (``tensorboard_data_server``, the binary ``tensorboard`` starts unless given
+    ``--load_fast=false``) is started on ``127.0.0.1``, on a free port, to load ``log_dir`` once;
+    once it logs that its load cycle has finished, every run's points are read over its gRPC
+    interface, and the server is stopped, whatever happens. ``TimeoutError`` if it has not
+    finished loading within ``timeout`` seconds.
+    """
+    import subprocess
+    import tempfile
+    import time
+
+    import grpc
+    from tensorboard.data import grpc_provider
+    from tensorboard.data.proto import data_provider_pb2
+    from tensorboard_data_server import server_binary
+
+    if not os.path.isdir(log_dir):
+        raise FileNotFoundError(f"no folder {log_dir}: write the event files there first (SummaryWriter({log_dir!r}))")
+    with tempfile.TemporaryDirectory(prefix="tb-data-server-") as tmp:
+        port_file, log_file = os.path.join(tmp, "port"), os.path.join(tmp, "server.log")
+        with open(log_file, "w") as log:
+            server = subprocess.Popen([server_binary(), f"--logdir={log_dir}", "--host=127.0.0.1", "--port=0",
+                                       f"--port-file={port_file}", "--reload=once", "--die-after-stdin", "-v"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            end = time.monotonic() + timeout
+            while "Finished load cycle" not in open(log_file).read():
+                if server.poll() is not None or time.monotonic() > end:
+                    raise TimeoutError(f"TensorBoard's data server did not load {log_dir} within {timeout} s "
+                                       f"(exit code {server.poll()}): {open(log_file).read()[-500:]}")
+                time.sleep(0.02)  # polling a server that is still loading, bounded by the deadline
+            with open(port_file) as f:
+                port = int(f.read())
+            request = data_provider_pb2.ReadScalarsRequest()
+            request.plugin_filter.plugin_name = "scalars"
+            request.run_tag_filter.tags.names.append(tag)
+            request.downsample.num_points = 1_000_000          # every point it holds
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                answer = grpc_provider.make_stub(channel).ReadScalars(request, timeout=timeout)
+        finally:
+            server.stdin.close()
+            server.kill()
+            server.wait()
+    return {run.run_name: [(step, value) for series in run.tags
+                           for step, value in zip(series.data.step, series.data.value)]
+            for run in answer.runs}
 
 
 # ----------------------------------------------------------------------------- collectives
