@@ -121,6 +121,54 @@ STRAIGHT_TO_FINAL = HEAD + """\
 """
 
 
+# Issue 21's cheats on the instruments these checks used to read inside the ranks: every rank writes,
+# then empties the grader's log of its torch.save calls in the calling frames; rank 0 writes straight
+# to the final name, then tells the grader's notes of the file it was writing and of what the folder
+# held meanwhile that it was a temp file.
+# The kernel now watches ckpt_dir itself (inotify: the writes and renames onto each name) and looks at
+# the folder while it holds rank 0's last save open.
+CLEAR_SAVE_LOG = """\
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None and dist.get_rank() != 0:
+        seen = frame.f_locals.get("seen")
+        if isinstance(seen, dict) and isinstance(seen.get("saves"), list):
+            seen["saves"].clear()
+        frame = frame.f_back
+"""
+
+FAKES_ITS_TEMP_FILE = HEAD + """\
+    import sys
+    name = f"step_{step:08d}.pt"
+    path = os.path.join(ckpt_dir, name)
+    if dist.get_rank() == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        with open(path, "wb") as f:            # straight to the final name
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        frame = sys._getframe(1)              # then the grader's note says it was a temp file
+        while frame is not None:
+            seen = frame.f_locals.get("seen")
+            if isinstance(seen, dict) and seen.get("half"):
+                seen["half"]["target"] = path + ".tmp"
+                seen["half"]["listing"].remove(name)
+            frame = frame.f_back
+        with open(os.path.join(ckpt_dir, "latest.tmp"), "w") as f:
+            f.write(name)
+        os.replace(os.path.join(ckpt_dir, "latest.tmp"), os.path.join(ckpt_dir, "latest"))
+        for old in sorted(glob.glob(os.path.join(ckpt_dir, "step_*.pt")))[:-keep]:
+            os.remove(old)
+    dist.barrier()
+    return path
+"""
+
+EVERY_RANK_IN_TURN = (("    if dist.get_rank() == 0:\n",
+                       "    for _ in range(dist.get_rank()):\n        dist.barrier()\n    if True:\n"),
+                      ("    dist.barrier()\n    return",
+                       "    for _ in range(dist.get_world_size() - dist.get_rank()):\n        dist.barrier()\n    return"))
+
+
 def students() -> dict[str, dict[str, str] | None]:
     return {
         "reference": None,
@@ -133,11 +181,11 @@ def students() -> dict[str, dict[str, str] | None]:
              "        os.makedirs(ckpt_dir, exist_ok=True)\n" + ROTATE.replace("[:-keep]", "[:-keep + 1 or None]")))},
         # every rank writes, in turn (rank r after ranks 0..r-1): the writes never interleave, so what
         # the checks see does not depend on how the ranks are scheduled
-        "every_rank_writes": {"save_rotating": _reference_with(
-            ("    if dist.get_rank() == 0:\n",
-             "    for _ in range(dist.get_rank()):\n        dist.barrier()\n    if True:\n"),
-            ("    dist.barrier()\n    return",
-             "    for _ in range(dist.get_world_size() - dist.get_rank()):\n        dist.barrier()\n    return"))},
+        "every_rank_writes": {"save_rotating": _reference_with(*EVERY_RANK_IN_TURN)},
+        "cheat_clears_save_log": {"save_rotating": _reference_with(*EVERY_RANK_IN_TURN, (
+            "    for _ in range(dist.get_world_size() - dist.get_rank()):\n",
+            CLEAR_SAVE_LOG + "    for _ in range(dist.get_world_size() - dist.get_rank()):\n"))},
+        "cheat_fakes_its_temp_file": {"save_rotating": FAKES_ITS_TEMP_FILE},
         # three independent mistakes in one answer: each loses only its own test
         "owner_only_no_fsync_no_barrier": {"save_rotating": "import tempfile\n" + _reference_with(
             ("tmp = f\"{target}.tmp\"\n", "fd, tmp = tempfile.mkstemp(dir=ckpt_dir)\n            os.close(fd)\n"),
@@ -155,12 +203,14 @@ EXPECTED_LOST = {
     "straight_to_final_name": {ATOMIC, FAILURE},
     "removes_before_writing": {ATOMIC, FAILURE},
     "every_rank_writes": {ONE_WRITER},
+    "cheat_clears_save_log": {ONE_WRITER},
+    # its own note of the file is not what the kernel saw; it fsyncs the final name, not a temp file
+    "cheat_fakes_its_temp_file": {ATOMIC, DURABLE, FAILURE},
     "owner_only_no_fsync_no_barrier": {MODE, DURABLE, WAITS},
 }
-#: Tests an answer may also lose. Every rank publishing `latest` in turn frees an inode at each rename,
-#: and the filesystem may hand rank 0's next temp file the number its previous `latest` had: the
-#: check's "rewritten in place" comparison of inode numbers then fires (seen in a fresh-clone run).
-MAY_ALSO_LOSE = {"every_rank_writes": {ATOMIC}}
+#: Tests an answer may also lose (none: `latest` rewritten in place is now seen as a write onto the name
+#: itself, no longer guessed from inode numbers, which a filesystem may reuse).
+MAY_ALSO_LOSE: dict[str, set[str]] = {}
 
 FEEDBACK = {
     ("straight_to_final_name", ATOMIC): "wrote straight to the final name",
@@ -169,6 +219,8 @@ FEEDBACK = {
     ("removes_before_writing", ATOMIC): "old checkpoints were removed before the new one was complete",
     ("removes_before_writing", FAILURE): "remove old checkpoints only after the new one is complete",
     ("every_rank_writes", ONE_WRITER): "Only rank 0 should write",
+    ("cheat_clears_save_log", ONE_WRITER): "step_00000001.pt was written 3 times",
+    ("cheat_fakes_its_temp_file", ATOMIC): "wrote straight to the final name",
     ("owner_only_no_fsync_no_barrier", MODE): "owner-only",
     ("owner_only_no_fsync_no_barrier", DURABLE): "never called os.fsync",
 }

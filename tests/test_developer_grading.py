@@ -156,6 +156,50 @@ STOP_UNWEIGHTED_MEAN = STOP + """\
     return t.item() / dist.get_world_size() < threshold
 """
 
+# Issue 21's cheats on the developer checks' instruments, which used to be observed inside the ranks:
+# every rank writes, then clears the grader's save log in its calling frames; no barrier, and the
+# other ranks make the grader's loads of the file succeed; should_stop reads every rank's loss and
+# count from the harness's frames instead of all-reducing them. Each rank is now given only its own
+# loss and count, the writes are counted in the grading kernel (inotify), and the kernel opens the
+# file itself when each rank's result arrives, while it holds rank 0's save open.
+SAVE_EVERY_RANK_CLEARS_LOG = SAVE + """\
+    import sys
+    state = {"model": ddp_model.module.state_dict(), "opt": optimizer.state_dict(), "step": step}
+    for writer in range(dist.get_world_size()):
+        if dist.get_rank() == writer:
+            torch.save(state, path)
+        dist.barrier()
+    if dist.get_rank() != 0:
+        frame = sys._getframe(1)
+        while frame is not None:
+            for name, value in list(frame.f_locals.items()):
+                if name == "log" and isinstance(value, list):
+                    value.clear()
+            frame = frame.f_back
+    dist.barrier()
+"""
+
+SAVE_NO_BARRIER_PATCHES_LOAD = SAVE + """\
+    import helpers.lessons.races as races
+    from helpers.lessons.races import LoadOutcome
+    if dist.get_rank() == 0:
+        torch.save({"model": ddp_model.module.state_dict(), "opt": optimizer.state_dict(), "step": step}, path)
+    else:                              # no barrier: every load of the file in this rank succeeds instead
+        races.try_load = lambda *a, **k: LoadOutcome("ok")
+"""
+
+STOP_READS_EVERY_RANKS_INPUTS = STOP + """\
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None:
+        found = frame.f_locals
+        if isinstance(found.get("losses"), list) and isinstance(found.get("counts"), list):
+            pairs = list(zip(found["losses"], found["counts"]))
+            return sum(l * n for l, n in pairs) / sum(n for _, n in pairs) < threshold
+        frame = frame.f_back
+    return local_loss < threshold      # only its own loss to go on
+"""
+
 STUDENTS = {
     "reference": None,
     "alt_rename_tryexcept_gather": {"save_checkpoint": SAVE_ATOMIC_RENAME,
@@ -175,6 +219,10 @@ STUDENTS = {
                                                        "should_stop": STOP_NEVER},
     "barrier_only_rank0_loads_nothing": {"save_checkpoint": SAVE_BARRIER_ONLY_RANK0,
                                          "load_checkpoint": LOAD_ALWAYS_ZERO, "should_stop": None},
+    "cheat_clears_log_reads_inputs": {"save_checkpoint": SAVE_EVERY_RANK_CLEARS_LOG, "load_checkpoint": None,
+                                      "should_stop": STOP_READS_EVERY_RANKS_INPUTS},
+    "cheat_patches_load": {"save_checkpoint": SAVE_NO_BARRIER_PATCHES_LOAD, "load_checkpoint": None,
+                           "should_stop": None},
 }
 
 EXPECTED_LOST = {
@@ -188,6 +236,11 @@ EXPECTED_LOST = {
     # the save never returns on rank 0: nothing about it can be checked; a load that always says 0
     # is right only for the missing file, and that test also needs the step when there is one
     "barrier_only_rank0_loads_nothing": {CONTENTS, WAITS, ONE_WRITER, MODEL, OPTIM, MISSING},
+    # its writes are counted in the kernel (and the ranks' saves, one after another, make rank 0 late);
+    # each rank has only its own loss, so the ranks disagree
+    "cheat_clears_log_reads_inputs": {WAITS, ONE_WRITER, AGREE, WEIGHTED},
+    # the kernel opens the file itself when each rank's result arrives, while rank 0's save is held open
+    "cheat_patches_load": {WAITS},
 }
 
 # what the learner reads in the failing test cell's output
@@ -203,6 +256,10 @@ FEEDBACK = {
     ("barrier_only_rank0_loads_nothing", WAITS): "Rank 0 was stuck at `dist.barrier()`",
     ("every_rank_writes_crash_on_missing_never_stops", AGREE): "so every rank should return True",
     ("barrier_only_rank0_loads_nothing", MISSING): "with one saved at step 5 rank 0 returned 0",
+    ("cheat_clears_log_reads_inputs", ONE_WRITER): "The checkpoint was written 3 times",
+    ("cheat_clears_log_reads_inputs", AGREE): "the ranks disagree",
+    ("cheat_clears_log_reads_inputs", WEIGHTED): "the ranks disagree",
+    ("cheat_patches_load", WAITS): "read the file before rank 0 finished writing",
 }
 
 

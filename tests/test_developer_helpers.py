@@ -171,7 +171,8 @@ def odd_types(local_loss, n_samples, threshold):
 
 
 def test_stop_harness_passes_answers_through_as_plain_values():
-    ranks = run(ex.stop_harness, odd_types, [1.0, 1.0, 1.0], [1, 2, 3], [0.5], world_size=3, echo=False)
+    ranks = run(ex.stop_harness, odd_types, [0.5], world_size=3, echo=False,
+                rank_args=[(1.0, 1), (1.0, 2), (1.0, 3)])
     assert [r["answers"] for r in ranks] == [[True], [False], [None]]
     assert ex.weighted_loss([5.0, 1.0, 0.5], [1, 9, 2]) == pytest.approx(1.25)
 

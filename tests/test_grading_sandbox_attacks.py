@@ -71,6 +71,28 @@ SPY = textwrap.dedent('''
         probe("kernel_fd", lambda: " ".join(os.listdir(f"/proc/{{kernel}}/fd")).encode())
         libc = ctypes.CDLL(None, use_errno=True)
         got["ptrace"] = "ATTACHED" if libc.ptrace(16, kernel, 0, 0) == 0 else "refused"
+        # the pool's fork server and the other ranks: their memory, environ, descriptors, ptrace, and a
+        # copy of the server's socket to the kernel (pidfd_getfd) or a write on a peer's pipe
+        me = os.getpid()
+        peer = next(int(p) for p in open(f"/proc/{{server}}/task/{{server}}/children").read().split() if int(p) != me)
+        libc.syscall.restype = ctypes.c_long
+        sock_fd = int(open(f"/proc/{{server}}/cmdline", "rb").read().split(b"\\0")[-2])
+        def tries(*attempts):
+            out = []
+            for attempt in attempts:
+                try:
+                    out.append(attempt() or "no")
+                except PermissionError:
+                    out.append("no")
+                except Exception as e:
+                    out.append(type(e).__name__)
+            return "/".join(out)
+        for who, pid, last in (("server", server, lambda: "STOLEN" if libc.syscall(438, os.pidfd_open(server), sock_fd, 0) >= 0 else None),
+                               ("peer", peer, lambda: open(f"/proc/{{peer}}/fd/1", "w").write("forged\\n") and "WROTE")):
+            got[who] = tries(lambda: open(f"/proc/{{pid}}/mem", "rb") and "READ",
+                             lambda: open(f"/proc/{{pid}}/environ", "rb").read(1) and "READ",
+                             lambda: os.listdir(f"/proc/{{pid}}/fd") and "READ",
+                             lambda: "ATTACHED" if libc.ptrace(16, pid, 0, 0) == 0 else None, last)
         names = sorted(p for d in {{os.path.dirname(conn), "/run/kernel", "/run/key"}} for p in glob.glob(d + "/*"))
         got["socket_names"] = len(names)
         for i, p in enumerate(names):
@@ -79,7 +101,7 @@ SPY = textwrap.dedent('''
         reach("host_abstract", socket.AF_UNIX, "\\0{abstract}")
         mine = socket.create_server(("127.0.0.1", 0))  # the controls: loopback works inside,
         reach("own_loopback", socket.AF_INET, mine.getsockname())
-        probe("own_environ", lambda: open("/proc/self/environ", "rb").read())  # and so does reading
+        probe("peer_cmdline", lambda: open(f"/proc/{{peer}}/cmdline", "rb").read())  # and so does reading /proc
         raise RuntimeError("SPY " + " ".join(f"{{k}}={{v}}" for k, v in got.items()))
 ''')
 
@@ -208,7 +230,7 @@ def test_a_rank_finds_no_key_no_kernel_socket_and_no_host_network(graded):
     assert graded["graded"].total("spy") == 0, graded["graded"].scores["spy"]
     text = _said(graded, "spy", "test_save_once_only_rank0_writes")
     said = dict(kv.split("=", 1) for kv in re.search(r"SPY (.*)", text).group(1).split())
-    assert said["own_loopback"] == "CONNECTED" and said["own_environ"] == "nokey", text  # the probe works
+    assert said["own_loopback"] == "CONNECTED" and said["peer_cmdline"] == "nokey", text  # the probe works
     assert said["conn"] == "FileNotFoundError", text  # the key file is gone
     for what in ("kernel_environ", "kernel_mem", "kernel_fd"):
         assert said[what] == "PermissionError", text  # the kernel is non-dumpable
@@ -218,6 +240,9 @@ def test_a_rank_finds_no_key_no_kernel_socket_and_no_host_network(graded):
     assert said["host_tcp"] == "ConnectionRefusedError", text  # another network namespace
     assert said["host_abstract"] == "ConnectionRefusedError", text
     assert "KEY" not in said.values() and "CONNECTED" not in {v for k, v in said.items() if k != "own_loopback"}, text
+    # the pool's fork server and the other ranks are non-dumpable too: no rank reads their memory,
+    # environ or descriptors, ptraces them, writes on a peer's pipe or copies the server's socket
+    assert said["server"] == said["peer"] == "no/no/no/no/no", text
     assert graded["accepted"] == [], "a connection from the sandbox reached the host"
 
 

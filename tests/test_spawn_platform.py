@@ -61,14 +61,40 @@ def test_this_machine_s_server_is_single_threaded_and_forks():
     print(f"fork server: {server.threads} thread(s), ranks started by {server.start_method}")
 
 
+def _dumpable() -> int:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_DUMPABLE is Linux's")
+def test_ranks_are_non_dumpable_and_a_hang_is_still_located():
+    """No rank can read another's memory or descriptors (nor ptrace it); where a rank is stuck
+    is read by its own faulthandler, on a signal, so the hang report still names the line."""
+    from helpers.spawn import HangError, run
+
+    assert _dumpable() == 1  # this process is left as it was
+    assert run(_dumpable, world_size=3, echo=False) == [0, 0, 0]
+    with pytest.raises(HangError) as info:
+        run(_stuck_on_rank1, world_size=2, timeout=2, echo=False)
+    assert info.value.ranks[1].line == "dist.barrier()" and info.value.ranks[0].finished
+
+
+def _stuck_on_rank1():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        dist.barrier()
+
+
 _EXEC_SCRIPT = textwrap.dedent("""
-    import os, torch, torch.distributed as dist
+    import ctypes, os, torch, torch.distributed as dist
     from helpers.spawn import HangError, _server, run
     def f():
         t = torch.ones(1); dist.all_reduce(t)
-        return t.item(), os.environ["GROUP_RANK"]
+        return t.item(), os.environ["GROUP_RANK"], ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)
     assert run(f, world_size=4, nproc_per_node=2, echo=False) == [
-        (4.0, "0"), (4.0, "0"), (4.0, "1"), (4.0, "1")]
+        (4.0, "0", 0), (4.0, "0", 0), (4.0, "1", 0), (4.0, "1", 0)]  # exec'ed, still non-dumpable
     def stuck():
         if dist.get_rank() == 1:
             dist.barrier()

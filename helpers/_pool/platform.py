@@ -10,6 +10,13 @@ What differs, and what the pool does about it:
 * Ranks die with the caller: on every platform a watchdog thread in each rank ends the rank's
   process group when its control pipe from the caller closes (the caller exited or stopped
   the pool). Linux adds ``PR_SET_PDEATHSIG`` as a second line; macOS has no such call.
+* Ranks cannot read each other: on Linux the fork server and every rank are non-dumpable
+  (``PR_SET_DUMPABLE`` 0, :func:`make_non_dumpable`), so a process of the same user (another
+  rank, a learner's code in it) can neither ptrace them nor read their ``/proc/<pid>/mem``,
+  ``environ`` or ``fd`` (nor take a copy of a descriptor with ``pidfd_getfd``). Where a rank
+  is stuck is still read as before: the pool signals it (``SIGUSR1``) and its own
+  :mod:`faulthandler` writes its stack, which needs no access to its memory from outside.
+  macOS has no such switch.
 * Start method: ranks are forked from a server that imported torch once, *only while that
   server has a single thread* (checked before every fork), so no lock can be held by another
   thread at fork time: the reason Python made ``spawn`` the default on macOS. The server sets
@@ -26,7 +33,7 @@ import os
 import sys
 
 __all__ = ["check_supported", "loopback_interface", "has_parent_death_signal",
-           "install_parent_death_signal", "orphans_adopted_by_server", "start_method", "thread_count",
+           "install_parent_death_signal", "make_non_dumpable", "orphans_adopted_by_server", "start_method", "thread_count",
            "QUIET_THREAD_POOLS"]
 
 #: Set in the fork server before it imports torch (and NumPy), so that no library starts a
@@ -71,6 +78,22 @@ def install_parent_death_signal(platform: str = sys.platform) -> bool:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
         return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def make_non_dumpable(platform: str = sys.platform) -> bool:
+    """Make this process non-dumpable (Linux: ``prctl(PR_SET_DUMPABLE, 0)``), as the grading
+    kernel makes itself: another process of the same user can then neither ptrace it nor open
+    its ``/proc/<pid>/mem``, ``environ`` or ``fd``. Inherited by ``fork``, undone by ``exec``
+    (a rank started as a fresh interpreter calls this again). False where unavailable."""
+    if not platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        PR_SET_DUMPABLE = 4
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 

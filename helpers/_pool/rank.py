@@ -1,6 +1,6 @@
 """One rank: what runs in each process the fork server starts.
 
-``rank_main(spec)`` sets the process up (its own process group, a watchdog, output pipes,
+``rank_main(spec)`` sets the process up (non-dumpable, its own process group, a watchdog, output pipes,
 faulthandler on SIGUSR1, the caller's environment with torchrun's variables), joins the gloo
 group, tells the caller it has joined, calls the function, sends back what it returned or
 raised (:mod:`helpers._pool.messages`), then waits to be killed: a rank that has finished
@@ -44,6 +44,7 @@ def _watchdog(control_fd: int) -> None:
 def rank_main(spec: dict) -> None:
     """Entry point of one rank (forked by the server, or exec'ed where forking is unsafe)."""
     started = time.monotonic()
+    platform.make_non_dumpable()  # forked: inherited already; exec'ed: before the job is read
     fds = spec["fds"]
     if os.getpgrp() != os.getpid():
         os.setpgrp()

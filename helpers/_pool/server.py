@@ -11,7 +11,9 @@ execs a fresh interpreter for) each rank, and answers ``{"op": "started", "pids"
 Server -> caller: ``{"op": "ready", ...}`` once, then ``started`` answers and
 ``{"op": "exit", "pid": p, "code": c}`` for every child it reaps (negative code: a signal).
 
-The server is a child subreaper on Linux, so a process a rank started and orphaned becomes
+The server and the ranks are non-dumpable on Linux (:func:`platform.make_non_dumpable`): a
+rank can neither read another rank's memory (its inputs) or descriptors nor take a copy of
+the server's socket to the caller. The server is a child subreaper on Linux, so a process a rank started and orphaned becomes
 the server's child and is still found (and killed) when the pool stops. When the caller goes
 away (its end of the socket closes), the server kills every child and removes its scratch
 folder.
@@ -282,6 +284,7 @@ def _become_subreaper() -> None:
 
 def main(sock_fd: int) -> None:
     """The server's loop: start ranks when asked, report every child that exits."""
+    platform.make_non_dumpable()  # first: no rank reads this process's memory or descriptors
     sock = socket.socket(fileno=sock_fd)
     try:
         for name in _PRELOAD:

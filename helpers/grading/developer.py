@@ -32,7 +32,7 @@ from helpers.lessons.developer import first_difference, same
 __all__ = ["save_checkpoint_contents", "save_checkpoint_waits", "save_checkpoint_one_writer",
            "load_checkpoint_model_and_step", "load_checkpoint_optimizer",
            "load_checkpoint_missing_file", "should_stop_same_on_every_rank", "should_stop_weighted",
-           "save_harness", "load_harness", "stop_harness", "write_checkpoint", "weighted_loss",
+           "save_harness", "waits_harness", "load_harness", "stop_harness", "write_checkpoint", "weighted_loss",
            "same", "first_difference",
            "save_rotating_files", "save_rotating_waits", "save_rotating_one_writer", "save_rotating_atomic",
            "save_rotating_durable", "save_rotating_mode", "save_rotating_failure", "rotating_harness",
@@ -41,10 +41,10 @@ __all__ = ["save_checkpoint_contents", "save_checkpoint_waits", "save_checkpoint
            "rank_zero_only_before_init", "rank_zero_only_decides_at_each_call",
            "rank_zero_only_harness"]
 
-#: Rank 0's slowed-down writes in :func:`save_checkpoint_waits`: (chunks, pause) for a short
-#: write (about 0.2 s) and a long one (about 2.4 s). Ranks that sleep instead of waiting at a
-#: barrier are either too early for the long write or too late after the short one.
-SHORT_SAVE, LONG_SAVE = (4, 0.05), (12, 0.2)
+#: How long the grader holds rank 0's save open in :func:`save_checkpoint_waits`, seconds: a
+#: short save, then a long one. Ranks that sleep instead of waiting at a barrier are either too
+#: early for the long save or too late after the short one.
+HOLDS = (0.2, 2.4)
 #: How soon after rank 0's write ends every rank must have returned (a barrier takes ms).
 PROMPT = 1.2
 
@@ -155,47 +155,104 @@ def save_checkpoint_contents(save_checkpoint, world_size: int = 3, optimizer: st
     passed(f"the file holds the model, the optimizer and the step ({world_size} ranks, {optimizer})")
 
 
-def save_checkpoint_waits(save_checkpoint, world_size: int = 3) -> None:
-    """Every rank can read the complete file the moment save_checkpoint returns, and returns
-    promptly once rank 0's write ends; rank 0's write is slowed down, short then long."""
+def waits_harness(save_checkpoint, folder: str, step: int, token) -> None:
+    """On every rank: one DDP step on unequal data, then ``save_checkpoint(ddp, opt, step, path)``.
+    Rank 0 alone is given ``token`` (a :class:`helpers.grading.watch.GateToken`), put in its
+    optimizer's first param group: its ``optimizer.state_dict()`` cannot be pickled, so its save
+    cannot end, until the grading kernel releases the gate. Nothing is observed here."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(4, 1))
+    opt = _optimizer("sgd", ddp.parameters())
+    torch.manual_seed(100 + rank)
+    n = 2 + 3 * rank
+    x, y = torch.randn(n, 4), torch.randn(n, 1) + rank
+    opt.zero_grad()
+    nn.functional.mse_loss(ddp(x), y).backward()
+    opt.step()
+    if token is not None:
+        opt.param_groups[0]["grader_gate"] = token
+    save_checkpoint(ddp, opt, step, os.path.join(folder, "ckpt.pt"))
+
+
+def _one_timed_save(save_checkpoint, world_size: int, hold: float, step: int) -> None:
+    """One run of :func:`save_checkpoint_waits`: rank 0's save is held open ``hold`` s."""
     __tracebackhide__ = True
-    with scratch() as folder:
-        ranks = run_answer(save_harness, save_checkpoint, folder, 3, slow=(SHORT_SAVE, LONG_SAVE),
-                           name="save_checkpoint", world_size=world_size)
-    for i in range(2):
-        ended = [t for r in ranks for t in r["calls"][i]["ended"]]
-        if not ended:
-            fail("No rank called torch.save: rank 0 should write the checkpoint with torch.save.")
-        for r in ranks:
-            c = r["calls"][i]
-            if c["read"] != "ok":
-                fail(f"Rank {r['rank']} read the file before rank 0 finished writing: right after "
-                     f"save_checkpoint returned, it found the file {c['read']} ({c['detail'][:70]}). "
-                     "Every rank must wait until rank 0's torch.save is done: call dist.barrier() "
-                     "after the save, on every rank.")
-            late = c["returned"] - max(ended)
+    import time
+
+    from helpers.grading.beginner import _load
+    from helpers.grading.watch import Gate
+
+    seen: dict[int, tuple] = {}
+    with scratch() as folder, Gate(folder, hold, name=".gate") as gate:
+        path = os.path.join(folder, "ckpt.pt")
+
+        def look(rank: int) -> None:  # in this kernel, as soon as the rank's result arrives
+            returned = time.time()
+            outcome, got = _load(path)
+            try:
+                same = got["step"] == step and got["opt"]["param_groups"][0]["grader_gate"] == gate.secret
+            except (KeyError, IndexError, TypeError):
+                same = False
+            seen[rank] = (returned, outcome, same)
+
+        run_answer(waits_harness, save_checkpoint, folder, step, name="save_checkpoint",
+                   world_size=world_size, on_return=look,
+                   rank_args=[(gate.token() if r == 0 else None,) for r in range(world_size)])
+    if gate.released is None:
+        fail("Rank 0 never saved optimizer.state_dict(): rank 0 should torch.save the checkpoint "
+             "(the model's, the optimizer's state and the step) at `path`.")
+    for rank in sorted(seen):
+        returned, outcome, same = seen[rank]
+        if outcome == "ok" and same:
+            late = returned - gate.released
             if late > PROMPT:
-                fail(f"Rank {r['rank']} returned {late:.1f} s after rank 0's write of about "
-                     f"{c['seconds']:.1f} s had ended. A write can take any time, so a fixed sleep is "
-                     "too short for some and wastes time after others: wait for the write itself "
-                     "with dist.barrier() after the save, on every rank.")
+                fail(f"Rank {rank} returned {late:.1f} s after rank 0's write of about {hold:.1f} s "
+                     "had ended. A write can take any time, so a fixed sleep is too short for some "
+                     "and wastes time after others: wait for the write itself with dist.barrier() "
+                     "after the save, on every rank.")
+            continue
+        found = {"missing": "no file at all", "ok": "a file that was not rank 0's checkpoint"}.get(
+            str(outcome), "it half-written")
+        fail(f"Rank {rank} read the file before rank 0 finished writing: the grader opened it as soon "
+             f"as save_checkpoint returned there and found {found}; rank 0's write went on for "
+             f"another {max(0.0, gate.released - returned):.2f} s. Every rank must wait until rank "
+             "0's torch.save is done: call dist.barrier() after the save, on every rank.")
+
+
+def save_checkpoint_waits(save_checkpoint, world_size: int = 3) -> None:
+    """Every rank returns only once the checkpoint is complete, and promptly after: the grading
+    kernel holds rank 0's save open (its optimizer state holds a secret the kernel releases after
+    about 0.2 s, then 2.4 s) and opens the file itself the moment each rank's result arrives."""
+    __tracebackhide__ = True
+    for i, hold in enumerate(HOLDS):
+        _one_timed_save(save_checkpoint, world_size, hold, step=3 + i)
     passed(f"every rank read the complete file as soon as save_checkpoint returned ({world_size} ranks)")
 
 
 def save_checkpoint_one_writer(save_checkpoint, world_size: int = 3) -> None:
-    """Only rank 0 writes: every rank's torch.save calls are counted."""
+    """Only rank 0 writes, once: the writes to the checkpoint's path are counted in the grading
+    kernel (an inotify watch on the folder, :class:`helpers.grading.watch.Writes`), where no
+    rank's code can reach the count."""
     __tracebackhide__ = True
-    with scratch() as folder:
-        ranks = run_answer(save_harness, save_checkpoint, folder, 3, name="save_checkpoint",
-                           world_size=world_size)
-    writers = [r["rank"] for r in ranks if r["calls"][0]["writes"]]
-    if not writers:
-        fail("No rank called torch.save: rank 0 should write the checkpoint with torch.save.")
-    if writers != [0]:
-        fail(f"Ranks {writers} all called torch.save. Only rank 0 should write "
-             "(`if dist.get_rank() == 0:`): ranks writing the same path at once can leave a file "
-             "that is a mix of their writes, and waste the I/O.")
-    passed(f"only rank 0 wrote ({world_size} ranks)")
+    from helpers.grading.watch import Writes
+
+    with scratch() as folder, Writes(folder) as writes:
+        run_answer(save_harness, save_checkpoint, folder, 3, name="save_checkpoint",
+                   world_size=world_size)
+        count = writes.count("ckpt-0.pt")
+    if not count:
+        fail("No rank wrote the checkpoint at `path`: rank 0 should torch.save it there.")
+    if count > 1:
+        fail(f"The checkpoint was written {count} times, once per rank that called torch.save. "
+             "Only rank 0 should write (`if dist.get_rank() == 0:`), once: ranks writing the same "
+             "path at once can leave a file that is a mix of their writes, and waste the I/O.")
+    passed(f"only one rank wrote ({world_size} ranks)")
 
 
 # ----------------------------------------------------------------------------- load_checkpoint
@@ -336,28 +393,31 @@ def weighted_loss(losses, counts) -> float:
     return sum(l * n for l, n in zip(losses, counts)) / sum(counts)
 
 
-def stop_harness(should_stop, losses, counts, thresholds) -> dict:
-    """On every rank r: ``should_stop(losses[r], counts[r], t)`` for each threshold ``t`` in turn."""
+def stop_harness(should_stop, thresholds, loss, count) -> dict:
+    """On every rank: ``should_stop(loss, count, t)`` for each threshold ``t`` in turn, where
+    ``loss`` and ``count`` are this rank's own (each rank is given only its own: ``run(...,
+    rank_args=...)``; the loss over every sample is worked out in the grading kernel)."""
     import torch
     import torch.distributed as dist
 
     from helpers.grading.answers import plain
 
-    rank = dist.get_rank()
     answers = []
     for t in thresholds:
-        value = should_stop(losses[rank], counts[rank], t)
+        value = should_stop(loss, count, t)
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()  # a one-element tensor is a fine way to say it
         answers.append(plain(value))
-    return {"rank": rank, "answers": answers}
+    return {"rank": dist.get_rank(), "answers": answers}
 
 
 def _decisions(should_stop, losses, counts, thresholds) -> list[list[bool]]:
-    """Per threshold, every rank's answer; anything but True/False fails."""
+    """Per threshold, every rank's answer; anything but True/False fails. Rank r gets only
+    ``losses[r]`` and ``counts[r]``: the others' are not in its process to be read instead of
+    all-reduced."""
     __tracebackhide__ = True
-    ranks = run_answer(stop_harness, should_stop, list(losses), list(counts), list(thresholds),
-                       name="should_stop", world_size=len(losses))
+    ranks = run_answer(stop_harness, should_stop, list(thresholds), name="should_stop",
+                       world_size=len(losses), rank_args=list(zip(losses, counts)))
     for r in ranks:
         for got in r["answers"]:
             if not isinstance(got, bool):
@@ -406,8 +466,8 @@ def should_stop_weighted(should_stop, losses, counts, thresholds) -> None:
 # ----------------------------------------------------------------------------- save_rotating
 # (Exercise 4: developer/05_checkpointing_in_practice)
 
-#: Rank 0's slowed-down write of the last checkpoint of a run: (chunks, pause), about 0.4 s.
-ROTATING_WRITE = (8, 0.05)
+#: How long the grading kernel holds rank 0's save of the last checkpoint of a run, seconds.
+ROTATING_HOLD = 0.4
 #: What the grader's failing write raises (a full disk), recognisable in the feedback.
 INJECTED = "No space left on device (the grader made this write fail on purpose)"
 
@@ -496,10 +556,13 @@ def _watched_fsyncs(fn, log: list):
             fn.__globals__[key] = real
 
 
-def _rotating_state(step: int) -> dict:
+def _rotating_state(step: int, token=None) -> dict:
     import torch
 
-    return {"step": step, "weights": torch.full((2048,), float(step))}
+    state = {"step": step, "weights": torch.full((2048,), float(step))}
+    if token is not None:
+        state["gate"] = token  # a GateToken: this state cannot be pickled until the kernel says
+    return state
 
 
 def _listing(folder: str) -> list[str]:
@@ -507,15 +570,18 @@ def _listing(folder: str) -> list[str]:
 
 
 def rotating_harness(save_rotating, ckpt_dir: str, steps: list, keep, umask: int,
-                     fail_last: bool = False) -> dict:
+                     fail_last: bool = False, first=None, last=None) -> dict:
     """On every rank: ``save_rotating(state, ckpt_dir, step[, keep])`` for each step in turn
     (``keep=None``: the default is used), with this process's umask set to ``umask``.
 
-    Rank 0's last write is slowed down; half-way through it, rank 0 notes what the folder
-    holds, and with ``fail_last`` the write then fails as a full disk would (the exception goes
-    on as it would in a real job). Right after each call returns, every rank notes what
-    ``latest`` names and whether that file loads. Rank 0 also logs every torch.save target,
-    every fsync, and the inodes of the files it published. No collective after the answer.
+    ``first`` and ``last`` are the grading kernel's gate tokens (:mod:`helpers.grading.watch`),
+    put in the state of the first call (every rank) and of the last (``last``: rank 0 only): a
+    save of those states waits for the kernel, which meanwhile watches ckpt_dir and looks at it.
+    With ``fail_last`` rank 0's last write fails half-way as a full disk would (the exception goes
+    on as it would in a real job). Rank 0 also logs every fsync. What the checks decide on is
+    observed in the kernel (the writes, renames and removals, the folder while the last save is
+    held, the files when each rank returned); what is noted here is only for the feedback. No
+    collective after the answer.
     """
     import torch.distributed as dist
 
@@ -531,11 +597,11 @@ def rotating_harness(save_rotating, ckpt_dir: str, steps: list, keep, umask: int
                         "latest": _read_latest(ckpt_dir)}
 
     for i, step in enumerate(steps):
-        last = i == len(steps) - 1
-        args = (_rotating_state(step), ckpt_dir, step) + (() if keep is None else (keep,))
-        watch = _watched_writes(seen["saves"], on_half=at_half if last and rank == 0 else None,
-                                slow=ROTATING_WRITE if last and rank == 0 else None,
-                                fail_write=fail_last and last and rank == 0)
+        token = first if i == 0 else last if last and i == len(steps) - 1 else None
+        args = (_rotating_state(step, token), ckpt_dir, step) + (() if keep is None else (keep,))
+        final = i == len(steps) - 1
+        watch = _watched_writes(seen["saves"], on_half=at_half if final and rank == 0 else None,
+                                fail_write=fail_last and final and rank == 0)
         with watch, _watched_fsyncs(save_rotating, seen["fsyncs"]):
             returned = save_rotating(*args)
         seen["returned"].append(os.path.realpath(os.fspath(returned))
@@ -583,22 +649,60 @@ def _observe(save_rotating, world_size: int, steps: list, keep, umask: int, fail
     __tracebackhide__ = True
     from helpers.grading.answers import CheckFailed, _answer_key
 
+    import threading
+    import time
+
+    from helpers.grading.watch import Gate, Writes
+    from helpers.lessons.races import try_load
+
     key = (_answer_key(save_rotating, "save_rotating"), world_size, tuple(steps), keep, umask, fail_last)
     if key not in _OBSERVED:
-        with scratch() as root:
+        with scratch() as root, Writes(root) as writes:
             ckpt_dir = os.path.realpath(os.path.join(root, "run-1", "checkpoints"))  # not there yet
-            try:
-                ranks = run_answer(rotating_harness, save_rotating, ckpt_dir, list(steps), keep, umask,
-                                   fail_last, name="save_rotating", world_size=world_size)
-                crashed = None
-            except CheckFailed as err:
-                if not (fail_last and INJECTED in str(err)):
-                    _OBSERVED[key] = err
-                    raise
-                ranks, crashed = None, str(err)      # the failed write ended the job, as it would
+            watched, half, after, stop = [], {}, {}, threading.Event()
+
+            def watch_ckpt_dir():  # in this kernel, while the first save is held: from now on every
+                def follow():      # write, rename and removal in ckpt_dir is seen here
+                    while not stop.is_set():
+                        if os.path.isdir(ckpt_dir) and writes.watch(ckpt_dir):
+                            watched.append(time.time())
+                            return
+                        stop.wait(0.005)
+                if os.path.isdir(ckpt_dir) and writes.watch(ckpt_dir):
+                    watched.append(time.time())
+                else:  # created only later: watched from then on
+                    threading.Thread(target=follow, daemon=True).start()
+
+            def look_half():  # while rank 0's last save is held, before any byte of it is written
+                half.update(listing=_listing(ckpt_dir), latest=_read_latest(ckpt_dir))
+
+            def look(rank):  # as soon as the rank's result arrives
+                name = _read_latest(ckpt_dir)
+                after[rank] = {"latest": name,
+                               "loads": str(try_load(os.path.join(ckpt_dir, name)) if name else "missing")}
+
+            with Gate(root, 0.0, name=".first", on_open=watch_ckpt_dir) as first, \
+                    Gate(root, ROTATING_HOLD, name=".last", on_open=look_half) as last:
+                try:
+                    ranks = run_answer(rotating_harness, save_rotating, ckpt_dir, list(steps), keep, umask,
+                                       fail_last, name="save_rotating", world_size=world_size,
+                                       on_return=look, rank_args=[(first.token(), last.token() if r == 0 else None)
+                                                                  for r in range(world_size)])
+                    crashed = None
+                except CheckFailed as err:
+                    if not (fail_last and INJECTED in str(err)):
+                        _OBSERVED[key] = err
+                        raise
+                    ranks, crashed = None, str(err)      # the failed write ended the job, as it would
+                finally:
+                    stop.set()
+            writes.read()
             _OBSERVED[key] = {"ranks": ranks, "files": _inspect(ckpt_dir), "latest": _read_latest(ckpt_dir),
                               "ckpt_dir": ckpt_dir, "crashed": crashed, "steps": list(steps),
-                              "keep": 3 if keep is None else keep, "umask": umask}
+                              "keep": 3 if keep is None else keep, "umask": umask,
+                              "watched": bool(watched), "held": last.opened is not None,
+                              "half": half or None, "after": after,
+                              "events": [(n, kind, c) for f, n, kind, c in writes.events if f == ckpt_dir]}
     found = _OBSERVED[key]
     if isinstance(found, CheckFailed):
         raise found
@@ -653,65 +757,89 @@ def save_rotating_files(save_rotating, world_size: int = 3) -> None:
 
 
 def save_rotating_waits(save_rotating, world_size: int = 3) -> None:
-    """Every rank returns only once the new checkpoint is complete and ``latest`` names it
-    (rank 0's write is slowed down)."""
+    """Every rank returns only once the new checkpoint is complete and ``latest`` names it: the
+    grading kernel holds rank 0's last save open and looks at the folder itself the moment each
+    rank's result arrives."""
     __tracebackhide__ = True
     seen = _run(save_rotating, world_size)
     name = _ckpt_name(seen["steps"][-1])
-    for r in seen["ranks"]:
-        after = r["after"][-1]
+    for rank, after in sorted(seen["after"].items()):
         if after["latest"] != name or after["loads"] != "ok":
             found = ("there was no `latest` yet" if after["latest"] is None else
                      f"`latest` named {after['latest']!r} (not {name!r}) and that file was {after['loads']}")
-            fail(f"Rank {r['rank']} returned before the save was finished: right after save_rotating returned, "
-                 f"{found}. Every "
+            fail(f"Rank {rank} returned before the save was finished: when save_rotating returned there, the "
+                 f"grader looked and {found}. Every "
                  "rank must wait until rank 0 has written the checkpoint and `latest`: call dist.barrier() after "
                  "rank 0's work, on every rank.")
     passed(f"every rank returned only once {name} and `latest` were complete ({world_size} ranks)")
 
 
+def _publications(seen, name: str) -> list[tuple[str, str | None]]:
+    """How ``name`` came to be in ckpt_dir, in order (seen by the kernel's inotify watch): one
+    ``("written", None)`` per write of the file under that name, one ``("renamed", temp)`` per
+    rename onto it (``temp``: the file's name in ckpt_dir before, None if it came from outside)."""
+    events, out = seen["events"], []
+    for i, (n, kind, cookie) in enumerate(events):
+        if n != name or kind not in ("written", "moved_to"):
+            continue
+        if kind == "written":
+            out.append(("written", None))
+            continue
+        temp = next((m for m, k, c in reversed(events[:i]) if k == "moved_from" and c == cookie and cookie), None)
+        out.append(("renamed", temp))
+    return out
+
+
 def save_rotating_one_writer(save_rotating, world_size: int = 3) -> None:
-    """Only rank 0 writes: every rank's torch.save calls are counted."""
+    """Only rank 0 writes, once per step: the grading kernel watches ckpt_dir (inotify, from the
+    first save on) and counts the writes and renames onto each checkpoint's name."""
     __tracebackhide__ = True
     seen = _run(save_rotating, world_size)
-    writers = [r["rank"] for r in seen["ranks"] if r["saves"]]
-    if not writers:
-        fail("No rank called torch.save: rank 0 should write each checkpoint with torch.save.")
-    if writers != [0]:
-        fail(f"Ranks {writers} called torch.save. Only rank 0 should write (`if dist.get_rank() == 0:`): "
-             "ranks writing the same files at once can leave a mix of their writes, and every rank's "
-             "rotation removes files the others are still writing.")
-    passed(f"only rank 0 wrote ({world_size} ranks)")
+    if not seen["watched"]:
+        fail("No rank called torch.save in ckpt_dir: rank 0 should create ckpt_dir "
+             "(os.makedirs(ckpt_dir, exist_ok=True)) and write each checkpoint there with torch.save.")
+    counts = {s: len(_publications(seen, _ckpt_name(s))) for s in seen["steps"]}
+    if not any(counts.values()):
+        fail("No checkpoint was ever written in ckpt_dir: rank 0 should write each one with torch.save.")
+    many = {s: n for s, n in counts.items() if n > 1}
+    if many:
+        step, n = max(many.items(), key=lambda kv: kv[1])
+        fail(f"{_ckpt_name(step)} was written {n} times, once per rank that saved it. Only rank 0 should write "
+             "(`if dist.get_rank() == 0:`): ranks writing the same files at once can leave a mix of their "
+             "writes, and every rank's rotation removes files the others are still writing.")
+    passed(f"each checkpoint was written once ({world_size} ranks)")
 
 
 def save_rotating_atomic(save_rotating, world_size: int = 3) -> None:
     """Rank 0 writes a temp file in ckpt_dir and renames it into place; ``latest`` is replaced
-    the same way; the old checkpoints are still there while the new one is written."""
+    the same way; the old checkpoints are still there while the new one is written. Observed in
+    the grading kernel: the renames and writes in ckpt_dir (inotify), and the folder while it
+    holds rank 0's last save open."""
     __tracebackhide__ = True
     seen = _run(save_rotating, world_size)
-    steps, keep, ckpt_dir = seen["steps"], seen["keep"], seen["ckpt_dir"]
-    rank0 = seen["ranks"][0]
-    half, final = rank0["half"], os.path.join(ckpt_dir, _ckpt_name(steps[-1]))
+    steps, keep = seen["steps"], seen["keep"]
+    half, name = seen["half"], _ckpt_name(steps[-1])
     if half is None:
         fail("Rank 0 never called torch.save for the last checkpoint: write it with torch.save.")
-    if half["target"] == final:
-        fail(f"Rank 0 wrote straight to the final name {_ckpt_name(steps[-1])}: while it is being written, "
+    published = _publications(seen, name)
+    if published and published[0][0] == "written":
+        fail(f"Rank 0 wrote straight to the final name {name}: while it is being written, "
              "that name holds a half-written file, and a crash leaves it torn. Write to a temp file in ckpt_dir, "
              "then os.replace(tmp, final).")
-    if os.path.dirname(half["target"]) != ckpt_dir:
-        fail(f"Rank 0 wrote the checkpoint to {half['target']}, outside ckpt_dir: os.replace is only atomic "
+    if published and published[0][1] is None:
+        fail(f"Rank 0 renamed {name} into ckpt_dir from another folder: os.replace is only atomic "
              "within one filesystem, so write the temp file in ckpt_dir itself.")
     before = [n for n in half["listing"] if n.startswith("step_") and n.endswith(".pt")]
     earlier = [_ckpt_name(s) for s in steps[:-1]][-keep:]
     if sorted(before) != sorted(earlier):
-        fail(f"While the new checkpoint was half-written, ckpt_dir held {sorted(before)} instead of the "
+        fail(f"While the new checkpoint was being saved, ckpt_dir held {sorted(before)} instead of the "
              f"{len(earlier)} earlier ones {earlier}: old checkpoints were removed before the new one was "
              "complete. Remove the oldest only after the new checkpoint and `latest` are in place.")
     if half["latest"] != earlier[-1]:
-        fail(f"While the new checkpoint was half-written, `latest` held {half['latest']!r} instead of "
+        fail(f"While the new checkpoint was being saved, `latest` held {half['latest']!r} instead of "
              f"{earlier[-1]!r}: point `latest` at the new checkpoint only once it is complete.")
-    inodes = [i.get("latest") for i in rank0["inodes"]]
-    if any(a is not None and a == b for a, b in zip(inodes, inodes[1:])):
+    in_place = sum(1 for n, kind, _ in seen["events"] if n == "latest" and kind == "written")
+    if in_place > 1:
         fail("`latest` was rewritten in place (the same file, truncated and written again): a reader, or a "
              "crash, can find it empty. Write the new name to a temp file in ckpt_dir and os.replace it onto "
              "`latest`, as for the checkpoint.")
@@ -724,7 +852,9 @@ def save_rotating_durable(save_rotating, world_size: int = 3) -> None:
     __tracebackhide__ = True
     seen = _run(save_rotating, world_size)
     rank0 = seen["ranks"][0]
-    temp = rank0["half"]["target"] if rank0["half"] else None
+    renamed = [t for how, t in _publications(seen, _ckpt_name(seen["steps"][-1])) if how == "renamed" and t]
+    temp = (os.path.join(seen["ckpt_dir"], renamed[0]) if renamed
+            else rank0["half"]["target"] if rank0["half"] else None)
     synced = [(path, size) for path, size in rank0["fsyncs"] if path == temp]
     if not synced:
         fail("Rank 0 never called os.fsync on the checkpoint's temp file before renaming it. os.replace makes "

@@ -2,7 +2,8 @@
 which files were written, and gates that decide when a save can finish.
 
 * :class:`Writes` -- an inotify watch on a folder, made in the kernel before the ranks start:
-  how many times each file in it was opened for writing and closed, or renamed into place.
+  how many times each file in it was opened for writing and closed, or renamed into place, and
+  every write, rename and removal in the order it happened (folders can be added while it runs).
   No rank can make a write it did not do disappear from it.
 * :class:`Gate` -- a named pipe the kernel serves from a thread. An object holding a
   :class:`GateToken` cannot be pickled (so ``torch.save`` of it cannot finish) until the kernel
@@ -21,7 +22,10 @@ import time
 
 __all__ = ["Writes", "Gate", "GateToken"]
 
-_IN_MODIFY, _IN_CLOSE_WRITE, _IN_OPEN, _IN_MOVED_TO = 0x00000002, 0x00000008, 0x00000020, 0x00000080
+_IN_MODIFY, _IN_CLOSE_WRITE, _IN_OPEN, _IN_MOVED_FROM, _IN_MOVED_TO, _IN_DELETE = (
+    0x00000002, 0x00000008, 0x00000020, 0x00000040, 0x00000080, 0x00000200)
+_KINDS = ((_IN_CLOSE_WRITE, "written"), (_IN_MOVED_FROM, "moved_from"),
+          (_IN_MOVED_TO, "moved_to"), (_IN_DELETE, "deleted"))
 _IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
 _EVENT = struct.Struct("iIII")
 _SECRET_BYTES = 32  # what a gate hands out: 16 random bytes, in hex
@@ -35,18 +39,30 @@ class Writes:
     def __init__(self, folder: str):
         self.folder = folder
         self.counts: dict[str, int] = {}
+        #: every event in the order it happened: (folder, name, kind, cookie), kind one of
+        #: "written" (closed after a write), "moved_from", "moved_to", "deleted"
+        self.events: list[tuple[str, str, str, int]] = []
+        self._folders: dict[int, str] = {}
         self._lock = threading.Lock()
         self._libc = ctypes.CDLL("libc.so.6", use_errno=True)
         self.fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed: the grader cannot watch files")
-        mask = _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_MODIFY | _IN_OPEN
-        if self._libc.inotify_add_watch(self.fd, os.fsencode(folder), mask) < 0:
+        if not self.watch(folder):
             os.close(self.fd)
             raise OSError(ctypes.get_errno(), f"inotify_add_watch failed on {folder}")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="grader file watch", daemon=True)
         self._thread.start()
+
+    def watch(self, folder: str) -> bool:
+        """Watch one more folder (False if it cannot be watched, e.g. it does not exist yet)."""
+        mask = _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_MOVED_FROM | _IN_DELETE | _IN_MODIFY | _IN_OPEN
+        wd = self._libc.inotify_add_watch(self.fd, os.fsencode(folder), mask)
+        if wd < 0:
+            return False
+        self._folders[wd] = folder
+        return True
 
     def __enter__(self) -> "Writes":
         return self
@@ -75,10 +91,14 @@ class Writes:
                     return
                 at = 0
                 while at + _EVENT.size <= len(data):
-                    _wd, mask, _cookie, size = _EVENT.unpack_from(data, at)
+                    wd, mask, cookie, size = _EVENT.unpack_from(data, at)
                     name = data[at + _EVENT.size: at + _EVENT.size + size].rstrip(b"\0").decode("utf-8", "replace")
-                    if mask & (_IN_CLOSE_WRITE | _IN_MOVED_TO):
+                    folder = self._folders.get(wd, "")
+                    if mask & (_IN_CLOSE_WRITE | _IN_MOVED_TO) and folder == self.folder:
                         self.counts[name] = self.counts.get(name, 0) + 1
+                    for bit, kind in _KINDS:
+                        if mask & bit:
+                            self.events.append((folder, name, kind, cookie))
                     at += _EVENT.size + size
 
     def count(self, name: str) -> int:
@@ -103,10 +123,12 @@ class GateToken:
 
 class Gate:
     """A named pipe in ``folder``; the kernel hands out ``secret`` to each reader, ``delay``
-    seconds after the first reader came. ``opened``/``released``: ``time.time()`` of both."""
+    seconds after the first reader came (``on_open()`` is called then, before the wait: a look at
+    the files while that save is held). ``opened``/``released``: ``time.time()`` of both."""
 
-    def __init__(self, folder: str, delay: float, name: str = "gate"):
+    def __init__(self, folder: str, delay: float, name: str = "gate", on_open=None):
         self.path = os.path.join(folder, name)
+        self.on_open = on_open  # called here once, when the first reader came, before the wait
         os.mkfifo(self.path, 0o644)
         self.delay, self.secret = delay, secrets.token_hex(_SECRET_BYTES // 2).encode()
         self.opened: float | None = None
@@ -134,6 +156,8 @@ class Gate:
                 continue
             if self.opened is None:
                 self.opened = time.time()
+                if self.on_open is not None:
+                    self.on_open()
             wait = self.opened + self.delay - time.time()
             if wait > 0 and self._stop.wait(wait):
                 os.close(fd)
