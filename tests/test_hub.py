@@ -329,6 +329,11 @@ def test_a_class_on_the_hub(hub, people, browser, hub_env):
     formgrader(teacher, hub, instructor)
     formgrader_action(teacher, "beginner", "collect")
     shot(teacher, "4_collected")
+    # as the instructor's Unix user (not root), each submission's kernel still runs in bubblewrap
+    sandbox = subprocess.run(["runuser", "-u", instructor, "--", str(hub_env / "bin" / "python"), "-m",
+                              "course_tools.sandbox"], cwd="/", capture_output=True, text=True, timeout=120)
+    assert "grading is sandboxed with bubblewrap" in sandbox.stdout, sandbox.stdout + sandbox.stderr
+    print("as the instructor:", sandbox.stdout.strip())
     config_path = f"{hub.root / 'instructor'}:{hub.root / 'everyone'}"
     grade = subprocess.run(
         ["runuser", "-u", instructor, "--", "env", "-i", f"HOME={pwd.getpwnam(instructor).pw_dir}",
