@@ -222,6 +222,7 @@ def test_a_class_on_the_hub(hub, people, browser, hub_env):
 
     # 1. the instructor releases beginner and developer from the formgrader
     teacher = login(browser, hub, instructor, passwords[instructor])
+    assert teacher.evaluate("() => jupyterapp.commands.hasCommand('nbgrader:open-formgrader')")
     shot(teacher, "1_instructor_lab")
     formgrader(teacher, hub, instructor)
     for assignment in ("beginner", "developer"):
@@ -293,24 +294,25 @@ def test_a_class_on_the_hub(hub, people, browser, hub_env):
     assert resp.status in (302, 403, 404) and victim not in resp.headers.get("location", ""), \
         f"{spy} reached {victim}'s server: {resp.status}"
     page.goto(f"{hub.url}/user/{victim}/lab")
-    assert f"/user/{victim}/" not in page.url or page.locator("text=403").count(), page.url
+    page.get_by_text(f"403 : You do not have permission to access Server at /user/{victim}/").wait_for()
     shot(page, "3_learner_denied_other_server")
     resp = page.request.get(f"{hub.url}/hub/api/users/{victim}")
     assert resp.status in (403, 404), f"the hub API told {spy} about {victim}: {resp.status}"
     instructor_home = pwd.getpwnam(instructor).pw_dir
-    rel_up = os.path.relpath(instructor_home, pwd.getpwnam(spy).pw_dir)
-    for path in (f"{rel_up}/{course_hub.COURSE_FOLDER}/solutions", f"{rel_up}",
-                 os.path.relpath(exchange / "inbound", pwd.getpwnam(spy).pw_dir)):
+    # up from the learner's home, with the dots escaped so that no URL parser folds them away
+    up = os.path.relpath(instructor_home, pwd.getpwnam(spy).pw_dir).replace("..", "%2E%2E")
+    exchange_up = os.path.relpath(exchange / "inbound", pwd.getpwnam(spy).pw_dir).replace("..", "%2E%2E")
+    for path in (f"{up}/{course_hub.COURSE_FOLDER}/solutions", up, exchange_up):
         resp = page.request.get(f"{hub.url}/user/{spy}/api/contents/{path}")
         assert resp.status in (403, 404), f"{spy}'s contents API opened {path}: {resp.status}"
-    page.goto(f"{hub.url}/user/{spy}/lab/tree/{rel_up}/{course_hub.COURSE_FOLDER}/solutions")
-    page.wait_for_function("() => window.jupyterapp && jupyterapp.commands.hasCommand('filebrowser:go-to-path')")
+    page.goto(f"{hub.url}/user/{spy}/lab/tree/{up}/{course_hub.COURSE_FOLDER}/solutions")
+    page.locator(".jp-Dialog", has_text="Path Not Found").wait_for()
     shot(page, "3_learner_file_browser")
-    listing = page.locator(".jp-DirListing-content").inner_text().split()
-    crumbs = page.locator(".jp-BreadCrumbs").inner_text()
-    # solutions/ holds researcher/ and start/, which no learner fetched
-    assert "researcher" not in listing and "start" not in listing and "solutions" not in crumbs, \
-        (listing, crumbs)
+    # the formgrader is the instructor's alone: not in a learner's Lab, not on their server
+    assert page.evaluate("() => jupyterapp.commands.hasCommand('nbgrader:open-assignment-list')")
+    assert not page.evaluate("() => jupyterapp.commands.hasCommand('nbgrader:open-formgrader')")
+    resp = page.request.get(f"{hub.url}/user/{spy}/formgrader")
+    assert resp.status == 404, f"a learner's server serves the formgrader: {resp.status}"
     submitted = [p.name for p in (exchange / "inbound").iterdir()]
     assert len(submitted) == 3, submitted
     theirs = next(n for n in submitted if n.startswith(victim + "+"))
