@@ -318,7 +318,8 @@ def test_a_class_on_the_hub(hub, people, browser, hub_env):
     theirs = next(n for n in submitted if n.startswith(victim + "+"))
     probe = as_user(spy, (
         "import os, sys\n"
-        "def tries(f, *a):\n    try:\n        f(*a); return 'opened'\n    except PermissionError:\n        return 'denied'\n"
+        "def tries(f, *a):\n    try:\n        f(*a)\n        return 'opened'\n"
+        "    except PermissionError:\n        return 'denied'\n"
         f"print(tries(os.listdir, {str(exchange / 'inbound')!r}))\n"
         f"print(tries(os.listdir, {instructor_home!r}))\n"
         f"print(tries(os.listdir, {str(course / 'solutions')!r}))\n"), hub_env)
@@ -450,5 +451,5 @@ def gradebook_students(course: Path) -> set[str]:
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{course}/gradebook.db") as gb:
-        return {s.id for s in gb.students if any(a.name == "beginner" for a in
-                                                  [x.assignment for x in s.submissions])}
+        return {s.id for s in gb.students
+                if any(sub.assignment.name == "beginner" for sub in s.submissions)}
