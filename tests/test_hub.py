@@ -309,7 +309,9 @@ def test_a_class_on_the_hub(hub, people, browser, hub_env):
     page.locator(".jp-Dialog", has_text="Path Not Found").wait_for()
     shot(page, "3_learner_file_browser")
     # the formgrader is the instructor's alone: not in a learner's Lab, not on their server
-    assert page.evaluate("() => jupyterapp.commands.hasCommand('nbgrader:open-assignment-list')")
+    # (the dialog can show before every plugin is up: wait for the learners' nbgrader command first)
+    page.wait_for_function("() => window.jupyterapp && jupyterapp.commands.hasCommand("
+                           "'nbgrader:open-assignment-list')")
     assert not page.evaluate("() => jupyterapp.commands.hasCommand('nbgrader:open-formgrader')")
     resp = page.request.get(f"{hub.url}/user/{spy}/formgrader")
     assert resp.status == 404, f"a learner's server serves the formgrader: {resp.status}"
