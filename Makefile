@@ -17,7 +17,7 @@ DEPTH ?= developer
 PYTEST_ARGS ?= -n 3 --durations=15
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: help setup lab test course release bench check grade browser-deps sandbox-deps db-deps learner-bundle site node-deps clean
+.PHONY: help setup lab test course release bench check grade browser-deps sandbox-deps db-deps learner-bundle site node-deps hub hub-deps hub-stop clean
 
 help:
 	@echo "make lab        set up .venv and open JupyterLab at the start notebook"
@@ -29,6 +29,8 @@ help:
 	@echo "make learner-bundle  the learners' copy of the course (no solutions/) in build/learner"
 	@echo "make bench      benchmarks (pool start-up, grading time, lint time)"
 	@echo "make site       the course as a website in build/site (notebooks executed, cached in build/site-cache)"
+	@echo "make hub        the course on a JupyterHub at 127.0.0.1 (as root; USERS=1 creates its Unix users, HUB_PORT=N)"
+	@echo "make hub-stop   stop that hub and every server it started"
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is needed, found " + sys.version.split()[0] + ": run make PYTHON=/path/to/python3.11")'
@@ -75,7 +77,7 @@ db-deps:
 			apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; \
 		else echo "the gradebook tests need PostgreSQL's initdb: sudo apt-get install postgresql"; exit 1; fi; }
 
-test: $(STAMP) browser-deps sandbox-deps db-deps $(SITE_NODE)
+test: $(STAMP) browser-deps sandbox-deps db-deps $(SITE_NODE) hub-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 course: $(STAMP)
@@ -108,6 +110,22 @@ $(SITE_NODE): site/package.json site/package-lock.json | node-deps
 
 site: $(STAMP) $(SITE_NODE)
 	$(BIN)/python -m course_tools.site
+
+# The course on a JupyterHub (hub/): its shared environment is built from Debian's python3.11
+# (world-readable, unlike a Python under /root), its proxy is hub/package-lock.json's.
+HUB_ROOT ?= /opt/one-rank-hub
+HUB_ARGS = --root $(HUB_ROOT) --env $(HUB_ROOT)/venv
+hub-deps: $(STAMP) | node-deps
+	@if [ "$$(id -u)" != 0 ]; then echo "make hub-deps: skipped, $$($(BIN)/python -c 'from hub.course_hub import NOT_ROOT; print(NOT_ROOT)')"; exit 0; fi; \
+	if [ ! -x /usr/bin/python3.11 ] || ! /usr/bin/python3.11 -c 'import ensurepip' 2>/dev/null; then \
+		apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv >/dev/null; fi; \
+	$(BIN)/python -m hub $(HUB_ARGS) env && $(BIN)/python -c 'from hub.course_hub import proxy_command; proxy_command()'
+
+hub: hub-deps
+	$(BIN)/python -m hub $(HUB_ARGS) serve $(if $(USERS),--users,) $(if $(HUB_PORT),--port $(HUB_PORT),)
+
+hub-stop: $(STAMP)
+	$(BIN)/python -m hub $(HUB_ARGS) stop
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

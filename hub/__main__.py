@@ -1,0 +1,5 @@
+import sys
+
+from hub.course_hub import main
+
+sys.exit(main())

@@ -1,0 +1,497 @@
+"""The course on a JupyterHub on this machine: ``python -m hub`` (``make hub``, ``make hub-stop``).
+
+    python -m hub env                  build (or update) the course's shared environment
+    python -m hub users [--create]     show, or (as root) create, the course's Unix users
+    python -m hub serve [--port N]     start the hub on 127.0.0.1 (Ctrl-C stops it and every server)
+    python -m hub stop                 stop a hub started by `serve` (same --root)
+
+An instance lives in one folder (``--root``, default /opt/one-rank-hub, world-traversable):
+
+    venv/          the course's environment (requirements.txt + the course's helpers), built from
+                   a Python every user can run (/usr/bin/python3.11); shared by every instance
+    state/         the hub's database, cookie secret, pid, log, users.json (root only)
+    exchange/      nbgrader's exchange (mode 777; nbgrader makes the course's inbound 733)
+    everyone/      Jupyter config every server reads (the exchange, the course id, Validate's limits)
+    instructor/    Jupyter config only the instructor's server reads (formgrader, course folder)
+
+The hub must run as root: it checks passwords with PAM and starts each user's server as that user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+COURSE = HERE.parent
+COURSE_ID = "one-rank"
+DEFAULT_ROOT = Path(os.environ.get("COURSE_HUB_ROOT", "/opt/one-rank-hub"))
+DEFAULT_ENV = Path(os.environ.get("COURSE_HUB_ENV", DEFAULT_ROOT / "venv"))
+BASE_PYTHON = os.environ.get("COURSE_HUB_PYTHON", "/usr/bin/python3.11")
+INSTRUCTOR = "or-instructor"
+LEARNERS = ["or-learner1", "or-learner2", "or-learner3"]
+COURSE_FOLDER = "one-rank"  # in the instructor's home: nbgrader's course root
+NOT_ROOT = ("the course's hub must run as root: it checks passwords with PAM and starts each "
+            "user's JupyterLab as that Unix user (run `sudo make hub`)")
+# Server extensions of the environment: every learner gets these; the formgrader is the instructor's.
+LEARNER_EXTENSIONS = ["assignment_list", "course_list", "validate_assignment"]
+INSTRUCTOR_LAB_PLUGINS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment"]
+# Lab settings for every user of the hub: no news or update checks (the hub has no internet),
+# every cell attached to the page.
+LAB_OVERRIDES = {
+    "@jupyterlab/apputils-extension:notification": {"checkForUpdates": False, "fetchNews": "false"},
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+}
+
+
+def say(msg: str) -> None:
+    print(f"[hub] {msg}", flush=True)
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+# ============================================================================ the environment
+
+
+def _env_fingerprint() -> str:
+    """What the environment is built from: requirements, the course's package, this file."""
+    h = hashlib.sha256()
+    files = [COURSE / "requirements.txt", COURSE / "pyproject.toml", Path(__file__)]
+    for pkg in ("helpers", "course_tools"):
+        files += sorted(p for p in (COURSE / pkg).rglob("*")
+                        if p.is_file() and "__pycache__" not in p.parts)
+    for f in files:
+        h.update(str(f.relative_to(COURSE)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def build_env(env: Path = DEFAULT_ENV, quiet: bool = False) -> Path:
+    """The course's environment at ``env``, usable by every Unix user (rebuilt when it changed).
+
+    pip installs requirements.txt, then the course's helpers as a regular (non-editable) package,
+    so the users' servers never read the course's checkout (which holds solutions/).
+    """
+    stamp = env / ".course-hub"
+    want = _env_fingerprint()
+    if stamp.is_file() and stamp.read_text() == want:
+        return env
+    py = shutil.which(BASE_PYTHON) or BASE_PYTHON
+    if not os.access(py, os.X_OK):
+        raise SystemExit(f"the hub's environment is built from {BASE_PYTHON}, which is missing: "
+                         "install Debian's python3.11 and python3.11-venv, or set COURSE_HUB_PYTHON")
+    env.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(env.parent, 0o755)
+    if not (env / "bin" / "python").exists():
+        say(f"building the course's environment in {env} from {py} (a few minutes)")
+        proc = subprocess.run([py, "-m", "venv", str(env)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{py} -m venv failed (Debian: apt-get install python3.11-venv):\n"
+                             f"{proc.stdout}{proc.stderr}")
+    else:
+        say(f"updating the course's environment in {env}")
+    pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    old_umask = os.umask(0o022)  # everything readable by every user
+    try:
+        subprocess.run(pip + ["-r", str(COURSE / "requirements.txt")], check=True)
+        with _temp_copy_of_package() as src:
+            subprocess.run(pip + ["--no-deps", "--no-build-isolation", "--force-reinstall", str(src)],
+                           check=True)
+        jupyter = str(env / "bin" / "jupyter")
+        quiet_run = dict(check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for ext in LEARNER_EXTENSIONS:
+            subprocess.run([jupyter, "server", "extension", "enable", "--sys-prefix",
+                            f"nbgrader.server_extensions.{ext}"], **quiet_run)
+        subprocess.run([jupyter, "server", "extension", "disable", "--sys-prefix",
+                        "nbgrader.server_extensions.formgrader"], **quiet_run)
+        for ext in ("@jupyter/nbgrader", "@jupyter-widgets/jupyterlab-manager"):
+            subprocess.run([jupyter, "labextension", "enable", "--level=sys_prefix", ext], **quiet_run)
+        for plugin in INSTRUCTOR_LAB_PLUGINS:
+            subprocess.run([jupyter, "labextension", "disable", "--level=sys_prefix", plugin], **quiet_run)
+        settings = env / "share" / "jupyter" / "lab" / "settings"
+        settings.mkdir(parents=True, exist_ok=True)
+        (settings / "overrides.json").write_text(json.dumps(LAB_OVERRIDES, indent=1))
+        stamp.write_text(want)
+    finally:
+        os.umask(old_umask)
+    if not quiet:
+        say(f"the course's environment is ready: {env}")
+    return env
+
+
+class _temp_copy_of_package:
+    """The course's package sources (pyproject, helpers, course_tools) in a temporary folder, so a
+    non-editable install leaves no build/ or .egg-info in the checkout."""
+
+    def __enter__(self) -> Path:
+        import tempfile
+
+        self.tmp = Path(tempfile.mkdtemp(prefix="course-hub-pkg-"))
+        ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+        shutil.copy2(COURSE / "pyproject.toml", self.tmp)
+        for pkg in ("helpers", "course_tools"):
+            shutil.copytree(COURSE / pkg, self.tmp / pkg, ignore=ignore)
+        return self.tmp
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def proxy_command() -> Path:
+    """configurable-http-proxy from hub/package-lock.json (``npm ci --prefix hub`` if missing)."""
+    cmd = HERE / "node_modules" / ".bin" / "configurable-http-proxy"
+    stamp = HERE / "node_modules" / ".installed"
+    lock = HERE / "package-lock.json"
+    if not (cmd.exists() and stamp.exists() and stamp.stat().st_mtime >= lock.stat().st_mtime):
+        if shutil.which("npm") is None:
+            raise SystemExit("the hub's proxy needs Node.js and npm: apt-get install nodejs npm")
+        subprocess.run(["npm", "ci", "--prefix", str(HERE), "--no-audit", "--no-fund",
+                        "--loglevel=error"], check=True)
+        stamp.touch()
+    return cmd
+
+
+# ============================================================================ users
+
+
+def user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def create_user(name: str, password: str) -> None:
+    """A Unix user with a home folder only they can read, and ``password`` (as root)."""
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
+    subprocess.run(["chpasswd"], input=f"{name}:{password}\n", text=True, check=True)
+    os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
+
+
+def remove_user(name: str) -> None:
+    """The user, their home folder and every process still running as them (by pid)."""
+    import psutil
+
+    if not user_exists(name):
+        return
+    uid = pwd.getpwnam(name).pw_uid
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.info["uids"] and p.info["uids"].real == uid:
+                p.kill()
+        except psutil.Error:
+            pass
+    subprocess.run(["userdel", "--remove", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def course_folder(instructor: str) -> Path:
+    return Path(pwd.getpwnam(instructor).pw_dir) / COURSE_FOLDER
+
+
+def setup_course_folder(instructor: str) -> Path:
+    """The instructor's nbgrader course root: the course's nbgrader_config.py and solutions/
+    (nbgrader's source folder), owned by the instructor, in a home only they can read."""
+    dest = course_folder(instructor)
+    if dest.exists():
+        return dest
+    dest.mkdir()
+    shutil.copy2(COURSE / "nbgrader_config.py", dest)
+    shutil.copytree(COURSE / "solutions", dest / "solutions",
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    pw = pwd.getpwnam(instructor)
+    for path in [dest, *dest.rglob("*")]:
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    return dest
+
+
+# ============================================================================ an instance
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare(root: Path, instructor: str, learners: list[str]) -> dict:
+    """The instance's folders and settings (state/ root-only, exchange/ and instructor/ readable)."""
+    state, exchange, conf = root / "state", root / "exchange", root / "instructor"
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o755)
+    state.mkdir(exist_ok=True)
+    os.chmod(state, 0o700)
+    # nbgrader's documented exchange: world-writable; nbgrader makes <course>/inbound 733 so no
+    # learner can list what others submitted (their submissions' names carry a random part).
+    exchange.mkdir(exist_ok=True)
+    os.chmod(exchange, 0o777)
+    (conf / "jupyter_server_config.d").mkdir(parents=True, exist_ok=True)
+    (conf / "labconfig").mkdir(exist_ok=True)
+    (conf / "jupyter_server_config.d" / "course-formgrader.json").write_text(json.dumps(
+        {"ServerApp": {"jpserver_extensions": {"nbgrader.server_extensions.formgrader": True}}}, indent=1))
+    (conf / "labconfig" / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {p: False for p in INSTRUCTOR_LAB_PLUGINS}}, indent=1))
+    (conf / "nbgrader_config.py").write_text(
+        "# The instructor's course folder (python -m hub writes this file).\n"
+        "import os\nc = get_config()  # noqa: F821\n"
+        f"c.CourseDirectory.root = os.path.expanduser('~/{COURSE_FOLDER}')\n")
+    for d in [conf, *conf.rglob("*")]:
+        os.chmod(d, 0o755 if d.is_dir() else 0o644)
+    (state / "users.json").write_text(json.dumps({"instructor": instructor, "learners": learners}))
+    return {"state": state, "exchange": exchange, "instructor": conf}
+
+
+def write_everyone_config(root: Path, exchange: Path) -> Path:
+    """nbgrader's exchange and course, and the course's cell time limits for Validate, for every
+    user of this instance (root/everyone, on every server's JUPYTER_CONFIG_PATH)."""
+    etc = root / "everyone"
+    etc.mkdir(parents=True, exist_ok=True)
+    os.chmod(etc, 0o755)
+    cfg = etc / "nbgrader_config.py"
+    cfg.write_text("# The course's hub (python -m hub writes this file).\nc = get_config()  # noqa: F821\n"
+                   f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
+                   f"c.Exchange.root = {str(exchange)!r}\n"
+                   "c.Execute.timeout = 30\nc.Execute.startup_timeout = 60\n"
+                   "c.Execute.interrupt_on_timeout = True\n")
+    os.chmod(cfg, 0o644)
+    return etc
+
+
+class Hub:
+    """A running hub: ``jupyterhub`` as a child process, stopped with everything it started."""
+
+    def __init__(self, root: Path = DEFAULT_ROOT, env: Path = DEFAULT_ENV, port: int | None = None,
+                 instructor: str = INSTRUCTOR, learners: list[str] = LEARNERS):
+        self.root, self.env = Path(root), Path(env)
+        self.instructor, self.learners = instructor, list(learners)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.id = secrets.token_hex(8)
+        self.token = secrets.token_hex(32)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "state" / "jupyterhub.log"
+
+    def start(self, timeout: float = 120) -> "Hub":
+        if not is_root():
+            raise SystemExit(NOT_ROOT)
+        missing = [u for u in [self.instructor, *self.learners] if not user_exists(u)]
+        if missing:
+            raise SystemExit(f"the course's users {missing} do not exist: create them with "
+                             "`sudo make hub USERS=1` (or useradd + chpasswd yourself)")
+        dirs = prepare(self.root, self.instructor, self.learners)
+        build_env(self.env, quiet=True)
+        write_everyone_config(self.root, dirs["exchange"])
+        setup_course_folder(self.instructor)
+        proxy_command()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "VIRTUAL_ENV"))}
+        env.update(COURSE_HUB_ROOT=str(self.root), COURSE_HUB_ENV=str(self.env),
+                   COURSE_HUB_PORT=str(self.port), COURSE_HUB_API_PORT=str(free_port()),
+                   COURSE_HUB_PROXY_API_PORT=str(free_port()), COURSE_HUB_ID=self.id,
+                   COURSE_HUB_SERVICE_TOKEN=self.token, CONFIGPROXY_AUTH_TOKEN=secrets.token_hex(32),
+                   PATH=f"{self.env / 'bin'}:/usr/local/bin:/usr/bin:/bin")
+        (dirs["state"] / "instance.json").write_text(json.dumps(
+            {"url": self.url, "id": self.id, "token": self.token, "pid": None}))
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([str(self.env / "bin" / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")],
+                                     cwd=dirs["state"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        (dirs["state"] / "instance.json").write_text(json.dumps(
+            {"url": self.url, "id": self.id, "token": self.token, "pid": self.proc.pid}))
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyterhub exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                self.api("GET", "/hub/api/", timeout=5)
+                return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the hub did not answer in {timeout} s:\n{self.log_tail()}")
+            time.sleep(0.25)  # polling the hub's API, not synchronising on time
+
+    def api(self, method: str, path: str, body=None, timeout: float = 30):
+        import urllib.request
+
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Authorization": f"token {self.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    def leftovers(self) -> list:
+        """Processes of this instance still running: its servers, kernels and their ranks."""
+        return instance_processes(self.id)
+
+    def stop(self) -> list[str]:
+        """Stop the hub (it stops the proxy and every user's server), then kill by pid whatever
+        of this instance is still running; return what had to be killed."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        killed = kill_all(self.leftovers())
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the proxy, if the hub left it
+            except (ProcessLookupError, PermissionError):
+                pass
+        return killed
+
+    def log_tail(self, n: int = 80) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def instance_processes(instance_id: str) -> list:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("COURSE_HUB_ID") == instance_id \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def kill_all(procs: list) -> list[str]:
+    import psutil
+
+    killed = []
+    for p in procs:
+        try:
+            killed.append(f"{p.pid} {' '.join(p.cmdline())[:100]}")
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+    return killed
+
+
+# ============================================================================ the CLI
+
+
+def _users_cmd(args) -> int:
+    names = [args.instructor, *args.learners]
+    if not args.create:
+        for n in names:
+            say(f"{n}: {'exists' if user_exists(n) else 'missing'}")
+        return 0
+    if not is_root():
+        say(f"cannot create users: {NOT_ROOT}")
+        return 1
+    for n in names:
+        if user_exists(n):
+            say(f"{n} exists already: left as it is")
+            continue
+        password = secrets.token_urlsafe(9)
+        create_user(n, password)
+        role = "instructor" if n == args.instructor else "learner"
+        say(f"created Unix user {n} ({role}), password {password}")
+    folder = setup_course_folder(args.instructor)
+    say(f"the instructor's course folder: {folder}")
+    return 0
+
+
+def _serve_cmd(args) -> int:
+    if not is_root():
+        say(NOT_ROOT)
+        return 1
+    if args.users:
+        rc = _users_cmd(argparse.Namespace(create=True, instructor=args.instructor, learners=args.learners))
+        if rc:
+            return rc
+    hub = Hub(args.root, args.env, args.port, args.instructor, args.learners)
+    stopping = []
+
+    def on_signal(signum, frame):
+        stopping.append(signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        hub.start()
+        say(f"the course's hub: {hub.url}  (instructor {args.instructor}, learners "
+            f"{', '.join(args.learners)}; log {hub.log_path}). Ctrl-C or `make hub-stop` stops it.")
+        while not stopping and hub.proc.poll() is None:
+            time.sleep(0.5)
+    finally:
+        killed = hub.stop()
+        left = hub.leftovers()
+        say("stopped" + (f"; killed what was left: {killed}" if killed else "; nothing left running"))
+        (hub.root / "state" / "instance.json").unlink(missing_ok=True)
+    return 1 if left else 0
+
+
+def _stop_cmd(args) -> int:
+    info = args.root / "state" / "instance.json"
+    if not info.exists():
+        say(f"no hub running from {args.root}")
+        return 0
+    inst = json.loads(info.read_text())
+    if inst.get("pid"):
+        try:
+            os.kill(inst["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    import psutil
+
+    try:
+        psutil.Process(inst["pid"]).wait(timeout=60)
+    except (psutil.Error, TypeError):
+        pass
+    killed = kill_all(instance_processes(inst["id"]))
+    say("stopped" + (f"; killed what was left: {killed}" if killed else ""))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hub", description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="the instance's folder")
+    ap.add_argument("--env", type=Path, default=DEFAULT_ENV, help="the course's shared environment")
+    ap.add_argument("--instructor", default=INSTRUCTOR)
+    ap.add_argument("--learners", nargs="+", default=LEARNERS)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("env", help="build or update the course's environment")
+    u = sub.add_parser("users", help="show, or create (--create, as root), the course's users")
+    u.add_argument("--create", action="store_true")
+    s = sub.add_parser("serve", help="start the hub on 127.0.0.1")
+    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--users", action="store_true", help="create the course's users first (root)")
+    sub.add_parser("stop", help="stop the hub started from --root")
+    args = ap.parse_args(argv)
+    if args.cmd == "env":
+        build_env(args.env)
+        return 0
+    return {"users": _users_cmd, "serve": _serve_cmd, "stop": _stop_cmd}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
