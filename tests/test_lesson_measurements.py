@@ -110,3 +110,76 @@ def test_figures_of_the_measurements_label_their_axes():
     assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title() == "noise shrinks"
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     plt.close("all")
+
+
+def _reduce_and_gather(n, shift):
+    import torch
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randn(n, generator=g) * 10.0 ** torch.randint(-3, 4, (n,), generator=g)
+    inputs = [torch.zeros_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(inputs, x)
+    moved = torch.roll(x, shift)                      # the same values, at other positions
+    dist.all_reduce(x)
+    dist.all_reduce(moved)
+    return x, torch.roll(moved, -shift), inputs
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_gloo_all_reduce_gives_every_rank_the_same_bits_added_in_an_order_set_by_position(world_size):
+    """researcher/01, section 1: the same bits on every rank; each chunk's sum ends with its own rank."""
+    import itertools
+
+    import torch
+
+    from helpers.spawn import run
+
+    n = 1000 * world_size
+    results = run(_reduce_and_gather, n, 123, world_size=world_size, echo=False)
+    total, moved, inputs = results[0]
+    assert all(torch.equal(t.view(torch.int32), total.view(torch.int32)) for t, _, _ in results)
+    changed = int((moved != total).sum())
+    assert changed == 0 if world_size == 2 else changed > 0   # two ranks: a + b == b + a exactly
+    for c, chunk in enumerate(total.chunk(world_size) if world_size > 2 else []):   # two ranks: both orders fit
+        fits = []
+        for order in itertools.permutations(range(world_size)):
+            acc = inputs[order[0]].clone()
+            for r in order[1:]:
+                acc = acc + inputs[r]
+            if torch.equal(acc.chunk(world_size)[c], chunk):
+                fits.append(order)
+        assert fits and all(order[-1] == c for order in fits), (c, fits)
+
+
+def _gradient_in_both_layouts(find_unused):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(dist.get_rank()))
+    grads = []
+    for warm_up in (0, 1):
+        torch.manual_seed(0)
+        ddp = DDP(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)), find_unused_parameters=find_unused)
+        for _ in range(warm_up + 1):
+            ddp.zero_grad()
+            ddp(x).pow(2).mean().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in ddp.parameters()]))
+    return grads
+
+
+def test_ddp_rebuilt_bucket_changes_gradient_bits_unless_find_unused_parameters():
+    """researcher/01, section 1: a new DDP reduces in another layout than one that has rebuilt its bucket."""
+    import torch
+
+    from helpers.spawn import run
+
+    default = run(_gradient_in_both_layouts, False, world_size=4, echo=False)
+    fixed = run(_gradient_in_both_layouts, True, world_size=4, echo=False)
+    first, rebuilt = default[0]
+    assert 0 < int((first != rebuilt).sum()) < first.numel()
+    assert ((first - rebuilt).abs() / first.abs()).max().item() < 1e-5        # the last bits only
+    assert all(torch.equal(f, r) for f, r in fixed)
+    assert all(torch.equal(a, b) for pair in (default, fixed) for a, b in zip(pair[0], pair[1]))  # rank 0 == rank 1
