@@ -104,6 +104,14 @@ def command(cmd: list[str], writable: str | None, readable: list = (), env: dict
             "--unshare-net", "--unshare-cgroup-try", "--dev", "/dev", "--proc", "/proc"]
     if os.geteuid() != 0:  # as root, setpriv below drops to an unprivileged user and every capability
         args += ["--cap-drop", "ALL"]
+    # /tmp first: a bind below it (an environment or a course cloned under /tmp) must land on
+    # the sandbox's own /tmp, not be hidden by it
+    if writable is None:
+        if scratch_bytes and sized_tmpfs():
+            args += ["--size", str(scratch_bytes)]
+        args += ["--perms", "1777", "--tmpfs", "/tmp"]
+    else:
+        args += ["--bind", writable, "/tmp"]
     binds = [(d, d, False) for d in _system_dirs()]
     binds += [(os.fspath(p[0]), os.fspath(p[1]), False) if isinstance(p, tuple) else (os.fspath(p),) * 2 + (False,)
               for p in readable]
@@ -115,12 +123,6 @@ def command(cmd: list[str], writable: str | None, readable: list = (), env: dict
         args += ["--perms", "0755", "--dir", d]
     for src, dst, writes in binds:
         args += ["--bind" if writes else "--ro-bind", src, dst]
-    if writable is None:
-        if scratch_bytes and sized_tmpfs():
-            args += ["--size", str(scratch_bytes)]
-        args += ["--perms", "1777", "--tmpfs", "/tmp"]
-    else:
-        args += ["--bind", writable, "/tmp"]
     # no resolver in the sandbox: names (the IPv4-mapped loopback the store's peers have) resolve here
     args += ["--hostname", "sandbox", "--ro-bind", str(Path(__file__).with_name("sandbox_hosts")), "/etc/hosts"]
     args += ["--perms", "0555", "--dir", cwd, "--chdir", cwd, "--clearenv"]

@@ -320,6 +320,31 @@ def _wait_member(group, pid) -> bool:
     return False
 
 
+def test_paths_under_tmp_are_seen_inside_the_sandbox(tmp_path):
+    """A course or environment cloned under /tmp (its binds land on the sandbox's own /tmp, with
+    a fresh tmpfs there and with a host folder bound as /tmp): the files are read inside, and the
+    sandbox's /tmp is still the one place it writes."""
+    from course_tools import sandbox
+
+    assert str(tmp_path).startswith("/tmp/"), tmp_path
+    course = tmp_path / "course"
+    course.mkdir()
+    (course / "lesson.txt").write_text("seen inside\n")
+    course.chmod(0o755)
+    tmp_path.chmod(0o755)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    scratch.chmod(0o777)
+    inner = f"cat {course}/lesson.txt && echo made > /tmp/new && cat /tmp/new"
+    for writable in (None, str(scratch)):
+        out = subprocess.run(sandbox.command(["/bin/sh", "-c", inner], writable=writable,
+                                             readable=[course]),
+                             capture_output=True, text=True, timeout=60, env=sandbox.CLEAN_ENV)
+        assert out.returncode == 0 and out.stdout.split("\n")[:2] == ["seen inside", "made"], \
+            (writable, out.stdout, out.stderr)
+    assert (scratch / "new").read_text() == "made\n"
+
+
 # ----------------------------------------------------------------------------- as an ordinary user
 
 
