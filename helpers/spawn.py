@@ -70,7 +70,8 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
         detail_debug: bool = False, threads: int = 1, init_process_group: bool = True,
         show_warnings: bool = False, nproc_per_node: int | None = None,
         plain_results: bool = False, start_timeout: float = 60, rank_args: list | None = None,
-        on_return: Callable[[int], None] | None = None, **kwargs) -> list:
+        on_return: Callable[[int], None] | None = None, outputs: list | None = None,
+        **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on every rank of a fresh gloo group; return the values.
 
     world_size: number of ranks (processes), 1 to 32.
@@ -107,6 +108,11 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
     on_return: called here, in the caller, with a rank's number as soon as that rank's
         result arrives (before the other ranks have finished): the moment to look, from
         outside the ranks, at what they left (the grader inspects a checkpoint file then).
+    outputs: a list, filled here once the pool has ended (whether ``fn`` returned, raised or
+        hung) with one ``{"stdout": [lines], "stderr": [lines]}`` per rank: what the rank wrote
+        on its own output pipes, as this process read them (start-up chatter left out unless
+        ``show_warnings``). Nothing a rank does can change what another rank wrote, or take
+        back what it wrote itself.
 
     Any other keyword argument is passed to ``fn``.
 
@@ -133,6 +139,9 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
                 return pool.wait()
             finally:
                 pool.stop()
+                if outputs is not None:
+                    outputs[:] = [{"stdout": list(r.stdout.lines), "stderr": list(r.stderr.lines)}
+                                  for r in pool.ranks]
 
 
 class _interrupts_held_while:

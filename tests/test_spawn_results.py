@@ -274,3 +274,36 @@ def test_on_return_runs_in_the_caller_as_each_result_arrives(tmp_path):
     assert run(_last_waits_for_the_callers_look, str(flag), world_size=2, on_return=look,
                echo=False, timeout=30) == [0, 1]
     assert seen == [(0, os.getpid()), (1, os.getpid())]
+
+
+def _talks_then_raises(fail_on):
+    import sys
+
+    rank = dist.get_rank()
+    print(f"out {rank}")
+    print(f"err {rank}", file=sys.stderr)
+    os.write(1, f"fd {rank}\n".encode())
+    sys.stdout = open(os.devnull, "w")  # what this rank writes from now on goes nowhere
+    print("hidden")
+    if rank == fail_on:
+        raise ValueError("stop")
+    return rank
+
+
+@pytest.mark.parametrize("fail_on", [None, 1])
+def test_outputs_hold_what_each_rank_wrote_on_its_own_pipes(fail_on):
+    """Read by the caller from each rank's pipes: print, sys.stderr and fd 1 alike, per rank, also
+    when a rank raised; what never reached the pipe is not there."""
+    outputs = []
+    try:
+        run(_talks_then_raises, fail_on, world_size=3, echo=False, outputs=outputs)
+    except WorkerError:
+        assert fail_on is not None
+    else:
+        assert fail_on is None
+    assert len(outputs) == 3
+    # the ranks that surely wrote everything: all of them, or the one that raised (the pool
+    # stops at once then, perhaps before another rank has written)
+    for r in range(3) if fail_on is None else [fail_on]:
+        assert outputs[r]["stdout"] == [f"out {r}", f"fd {r}"], outputs
+        assert outputs[r]["stderr"][:1] == [f"err {r}"], outputs

@@ -918,63 +918,71 @@ def save_rotating_failure(save_rotating, world_size: int = 3) -> None:
 # call adds nothing, and nothing goes through the root logger.
 
 
-def logging_harness(setup_logging, log_dir, calls, tag):
-    """On every rank: a handler on the root logger (what ``logging.basicConfig`` leaves) counts
-    what reaches it; ``setup_logging(rank, log_dir)`` is called ``calls`` times; the last logger
-    returned logs one DEBUG, one INFO and one WARNING record carrying ``tag``. Returns what the
-    rank printed, its file, and the state of the loggers."""
+def logging_harness(setup_logging, secret, log_dir, calls, tag):
+    """On every rank: a handler on the root logger (what ``logging.basicConfig`` leaves) writes
+    to stderr whatever reaches it, marked with the kernel's ``secret``; ``setup_logging(rank,
+    log_dir)`` is called ``calls`` times; the last logger returned logs one DEBUG, one INFO and
+    one WARNING record carrying ``tag``. What the rank printed and wrote to its file is read in
+    the grading kernel; what is returned here is only the answer's claim about its logger."""
     import logging
 
     import torch.distributed as dist
 
-    from helpers.grading.output import captured_output
+    from helpers.grading.answers import announce
 
     rank = dist.get_rank()
-    reached_root = []
-
-    class _RootWatch(logging.Handler):
-        def emit(self, record):
-            reached_root.append(f"{record.name}: {record.getMessage()}"[:200])
-
-    watch = _RootWatch(logging.DEBUG)
+    watch = logging.StreamHandler(open(2, "w", buffering=1, closefd=False))
+    watch.setLevel(logging.DEBUG)
+    watch.setFormatter(logging.Formatter(f"[root {secret}] %(name)s: %(message)s"))
     logging.getLogger().addHandler(watch)
+    announce(secret)
     handlers, kind, name = [], None, None
-    with captured_output() as out:
-        for _ in range(calls):
-            logger = setup_logging(rank, log_dir)
-            handlers.append(len(logger.handlers) if isinstance(logger, logging.Logger) else None)
-        kind, name = type(logger).__name__, getattr(logger, "name", None)
-        if isinstance(logger, logging.Logger):
-            for level, word in ((logging.DEBUG, "debug"), (logging.INFO, "info"),
-                                (logging.WARNING, "warning")):
-                logger.log(level, "%s %s record", tag, word)
-            for handler in logger.handlers:
-                handler.flush()
+    for _ in range(calls):
+        logger = setup_logging(rank, log_dir)
+        handlers.append(len(logger.handlers) if isinstance(logger, logging.Logger) else None)
+    kind, name = type(logger).__name__, getattr(logger, "name", None)
+    if isinstance(logger, logging.Logger):
+        for level, word in ((logging.DEBUG, "debug"), (logging.INFO, "info"),
+                            (logging.WARNING, "warning")):
+            logger.log(level, "%s %s record", tag, word)
+        for handler in logger.handlers:
+            handler.flush()
     logging.getLogger().removeHandler(watch)
-    path = os.path.join(log_dir, f"rank{rank}.log")
-    text = open(path, errors="replace").read()[:20000] if os.path.isfile(path) else None
     return {"rank": rank, "kind": kind, "name": name, "same": logger is logging.getLogger("train"),
-            "propagate": bool(getattr(logger, "propagate", False)),
-            "handlers": handlers, "stdout": out["stdout"], "stderr": out["stderr"], "file": text,
-            "dir": os.path.isdir(log_dir), "root": reached_root[:10]}
+            "propagate": bool(getattr(logger, "propagate", False)), "handlers": handlers}
 
 
 def _logging_records(setup_logging, world_size: int, calls: int, missing: str) -> tuple[list[dict], str]:
-    """``missing``: the part of log_dir that does not exist yet ("" for an existing folder)."""
+    """``missing``: the part of log_dir that does not exist yet ("" for an existing folder).
+    Each rank's record: its claims about the logger, and what the kernel read itself: the rank's
+    ``stdout`` and ``stderr`` after its marker, its ``file`` (``log_dir/rank{r}.log``), the
+    records that reached the root logger's handler (``root``)."""
     __tracebackhide__ = True
-    tag = "check-7f3a"
+    from helpers.grading.answers import printed, secret
+
+    tag, nonce, outputs = "check-7f3a", secret(), []
     with scratch() as folder:
         log_dir = os.path.join(folder, missing) if missing else folder
-        records = run_answer(logging_harness, setup_logging, log_dir, calls, tag,
-                             name="setup_logging", world_size=world_size)
+        records = run_answer(logging_harness, setup_logging, nonce, log_dir, calls, tag,
+                             name="setup_logging", world_size=world_size, outputs=outputs)
+        made = os.path.isdir(log_dir)
+        files = []
+        for rank in range(world_size):
+            path = os.path.join(log_dir, f"rank{rank}.log")
+            files.append(open(path, errors="replace").read()[:20000] if os.path.isfile(path) else None)
+    root = f"[root {nonce}] "
+    for rank, (r, said, text) in enumerate(zip(records, printed(outputs, nonce), files)):
+        reached = [line[len(root):] for line in said["stderr"].splitlines() if line.startswith(root)]
+        said["stderr"] = "\n".join(line for line in said["stderr"].splitlines() if not line.startswith(root))
+        r.update(said, rank=rank, file=text, root=reached[:10])
     for r in records:
         if r["kind"] != "Logger" or r["name"] != "train" or not r["same"]:
             got = f"a {r['kind']} named {r['name']!r}" if r["kind"] else "nothing"
             fail(f"setup_logging() returned {got} on rank {r['rank']}. It should configure and "
                  "return the logger named \"train\": `logger = logging.getLogger(\"train\")` ... "
                  "`return logger`.")
-        if not r["dir"]:
-            fail(f"After setup_logging() on rank {r['rank']}, log_dir did not exist. Create it when "
+        if not made:
+            fail("After setup_logging() ran on every rank, log_dir did not exist. Create it when "
                  "it is missing: os.makedirs(log_dir, exist_ok=True) (exist_ok: every rank does it).")
         if r["root"] or r["propagate"]:
             seen = f" ({r['root'][0]!r})" if r["root"] else ""
@@ -1059,14 +1067,15 @@ def setup_logging_twice(setup_logging, world_size: int = 3) -> None:
 # function on rank 0 only, deciding at each call, with or without a process group.
 
 
-def rank_zero_only_harness(rank_zero_only):
+def rank_zero_only_harness(rank_zero_only, secret):
     """On every rank of a pool started *without* a process group: the decorator is applied
     while neither ``RANK`` nor a process group exists (as at import time); the wrapped function
     is then called with neither, with ``RANK`` set (before ``init_process_group``), and after
-    ``dist.init_process_group``. Returns what each call returned or raised."""
+    ``dist.init_process_group``. Returns what each call returned or raised (the answer's claim);
+    whether the function ran is also seen in the kernel: it prints a line with ``secret``."""
     import torch.distributed as dist
 
-    from helpers.grading.answers import plain
+    from helpers.grading.answers import announce, plain
 
     rank = int(os.environ["RANK"])
     # what launchers set; all of it absent while decorating, as in a process no launcher started
@@ -1077,9 +1086,11 @@ def rank_zero_only_harness(rank_zero_only):
     def log_metrics(step, scale=1):
         """Write one line of metrics (the decorated function of the test)."""
         ran.append(step)
+        os.write(1, f"[ran {secret}] {step}\n".encode())
         return step * scale
 
     out = {"rank": rank, "phases": {}}
+    announce(secret)
     try:
         wrapped = rank_zero_only(log_metrics)
     except Exception as e:  # noqa: BLE001 - what the answer raised is the result
@@ -1112,9 +1123,18 @@ _PHASES = {"neither": "with neither RANK in the environment nor a process group 
 
 
 def _decorated(rank_zero_only, world_size: int) -> list[dict]:
+    """Each rank's claims, with ``ran``: the steps the kernel saw the function print for."""
     __tracebackhide__ = True
-    records = run_answer(rank_zero_only_harness, rank_zero_only, name="rank_zero_only",
-                         world_size=world_size, init_process_group=False)
+    from helpers.grading.answers import printed, secret
+
+    nonce, outputs = secret(), []
+    records = run_answer(rank_zero_only_harness, rank_zero_only, nonce, name="rank_zero_only",
+                         world_size=world_size, init_process_group=False, outputs=outputs)
+    mark = f"[ran {nonce}] "
+    for rank, (r, said) in enumerate(zip(records, printed(outputs, nonce))):
+        r["rank"] = rank
+        r["ran"] = {int(line[len(mark):]) for line in said["stdout"].splitlines()
+                    if line.startswith(mark) and line[len(mark):].isdigit()}
     for r in records:
         if r.get("decorating", "").startswith("NotImplementedError"):
             fail("rank_zero_only() is not written yet: replace `raise NotImplementedError()` with your code.")
@@ -1141,12 +1161,13 @@ def _phase(records, phase: str, step: int) -> None:
             fail(f"Called {when}, the decorated function raised {got['raised']} on rank "
                  f"{r['rank']}.{hint}")
         should_run = phase == "neither" or r["rank"] == 0
-        if should_run and (not got.get("ran") or got.get("value") != step * 10):
+        ran = step in r["ran"]  # seen in the kernel: the function printed its line
+        if should_run and (not ran or not got.get("ran") or got.get("value") != step * 10):
             fail(f"Called {when}, the decorated function did not run on rank {r['rank']} "
                  f"(it returned {got.get('value')!r}). "
                  + ("A process with neither RANK nor a process group is rank 0: it runs the function."
                     if phase == "neither" else "Rank 0 runs the function and returns its value."))
-        if not should_run and (got.get("ran") or got.get("value") is not None):
+        if not should_run and (ran or got.get("ran") or got.get("value") is not None):
             fail(f"Called {when}, the decorated function ran on rank {r['rank']} (it returned "
                  f"{got.get('value')!r}). On every rank but 0 the wrapper must return None without "
                  "calling the function.")
