@@ -125,20 +125,53 @@ def save_harness(save_checkpoint, folder: str, step: int, optimizer: str = "sgd"
             "opt": _clone(opt.state_dict())}
 
 
+def expected_after_step(world_size: int, optimizer: str = "sgd") -> tuple[dict, dict]:
+    """The plain model's and the optimizer's state after :func:`save_harness`'s DDP step on
+    ``world_size`` ranks, worked out here, in one process, without any rank: the same initial
+    weights, each rank's own batch, the gradients averaged as DDP averages them, one step. The
+    grading kernel's random state is left as it was."""
+    import torch
+    import torch.nn as nn
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+    opt = _optimizer(optimizer, model.parameters())
+    grads = [torch.zeros_like(p) for p in model.parameters()]
+    for rank in range(world_size):
+        g = torch.Generator().manual_seed(100 + rank)
+        n = 2 + 3 * rank
+        x, y = torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g) + rank
+        model.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        for total, p in zip(grads, model.parameters()):
+            total += p.grad / world_size
+    for p, grad in zip(model.parameters(), grads):
+        p.grad = grad
+    opt.step()
+    return _clone(model.state_dict()), _clone(opt.state_dict())
+
+
 def save_checkpoint_contents(save_checkpoint, world_size: int = 3, optimizer: str = "sgd",
                              step: int = 7) -> None:
     """The file holds the plain model's weights (keys without "module."), the optimizer's
-    state and the step."""
+    state and the step: the file is read here, and compared with the state worked out here
+    (:func:`expected_after_step`), not with anything a rank reports."""
     __tracebackhide__ = True
     import torch
 
     with scratch() as folder:
-        ranks = run_answer(save_harness, save_checkpoint, folder, step, optimizer=optimizer,
-                           name="save_checkpoint", world_size=world_size)
-        path = ranks[0]["calls"][0]["path"]
+        run_answer(save_harness, save_checkpoint, folder, step, optimizer=optimizer,
+                   name="save_checkpoint", world_size=world_size)
+        path = os.path.join(folder, "ckpt-0.pt")
         if not os.path.exists(path):
             fail("No file was written at `path`: rank 0 should torch.save the checkpoint there.")
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - what the learner wrote is what is checked
+            fail(f"The checkpoint at `path` does not load with torch.load(path, weights_only=True): "
+                 f"{type(e).__name__}: {str(e)[:200]}. Save a dict of state dicts and plain values.")
+    model, opt = expected_after_step(world_size, optimizer)
     if not (isinstance(saved, dict) and {"model", "opt", "step"} <= set(saved)):
         fail(f"The checkpoint should be a dict with keys 'model', 'opt' and 'step', not {saved!r:.80}.")
     if list(saved["model"]) != ["weight", "bias"]:
@@ -147,9 +180,10 @@ def save_checkpoint_contents(save_checkpoint, world_size: int = 3, optimizer: st
              "when it loads them.")
     if saved["step"] != step:
         fail(f"'step' is {saved['step']!r}, but save_checkpoint was called with step={step}.")
-    if not same(saved["model"], ranks[0]["model"]):
-        fail("The saved weights are not the model's current weights.")
-    where = first_difference(saved["opt"], ranks[0]["opt"])
+    if first_difference(saved["model"], model, close=True) is not None:
+        fail("The saved weights are not the model's current weights (after the training step): "
+             "save ddp_model.module.state_dict() when save_checkpoint is called.")
+    where = first_difference(saved["opt"], opt, close=True)
     if where is not None:
         fail(f"'opt' is not optimizer.state_dict(): it differs at {where}.")
     passed(f"the file holds the model, the optimizer and the step ({world_size} ranks, {optimizer})")
@@ -261,23 +295,36 @@ def save_checkpoint_one_writer(save_checkpoint, world_size: int = 3) -> None:
 def write_checkpoint(path: str, step: int, optimizer: str = "sgd", on: str | None = None) -> dict:
     """Write a checkpoint as rank 0 of a finished job would (three steps of training), in this process.
 
-    ``on="cuda:0"`` makes it look saved on a GPU (see :func:`helpers.lessons.developer.pretend_saved_on`).
-    Returns what was saved.
+    Every tensor of it is then nudged by noise from a fresh secret of this process's, so that
+    the only way to hold those values is to read the file (no rank can work them out from the
+    course's code). ``on="cuda:0"`` makes it look saved on a GPU (see
+    :func:`helpers.lessons.developer.pretend_saved_on`). Returns what was saved. This process's
+    random state is left as it was.
     """
+    import secrets
+
     import torch
     import torch.nn as nn
 
     from helpers.lessons.developer import pretend_saved_on
 
-    torch.manual_seed(0)
-    model = nn.Linear(4, 1)
-    opt = _optimizer(optimizer, model.parameters())
-    torch.manual_seed(7)
-    x, y = torch.randn(12, 4), torch.randn(12, 1)
-    for _ in range(3):
-        opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = _optimizer(optimizer, model.parameters())
+        torch.manual_seed(7)
+        x, y = torch.randn(12, 4), torch.randn(12, 1)
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    noise = torch.Generator().manual_seed(secrets.randbits(63))
+    tensors = list(model.state_dict().values()) + [t for s in opt.state.values() for t in s.values()
+                                                    if isinstance(t, torch.Tensor) and t.is_floating_point()
+                                                    and t.dim() > 0]
+    with torch.no_grad():
+        for t in tensors:
+            t.add_(torch.randn(t.shape, generator=noise, dtype=t.dtype) * 0.01)
     ckpt = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
     with pretend_saved_on(on) if on else contextlib.nullcontext():
         torch.save(ckpt, path)
@@ -320,6 +367,8 @@ def _loaded(load_checkpoint, world_size, optimizer, on=None, missing=None):
             saved = write_checkpoint(path, step=5, optimizer=optimizer, on=on)
         ranks = run_answer(load_harness, load_checkpoint, path, optimizer, name="load_checkpoint",
                            world_size=world_size)
+    for rank, r in enumerate(ranks):
+        r["rank"] = rank  # the pool's order, not what the rank says
     return saved, ranks
 
 
