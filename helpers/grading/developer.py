@@ -517,8 +517,9 @@ def should_stop_weighted(should_stop, losses, counts, thresholds) -> None:
 
 #: How long the grading kernel holds rank 0's save of the last checkpoint of a run, seconds.
 ROTATING_HOLD = 0.4
-#: What the grader's failing write raises (a full disk), recognisable in the feedback.
-INJECTED = "No space left on device (the grader made this write fail on purpose)"
+#: The file-size limit (bytes) the grading kernel puts on rank 0 when its last save begins in
+#: save_rotating_failure: the checkpoint (about 9 KB) cannot be written past it, as on a full disk.
+FULL_DISK_AT = 4096
 
 _OBSERVED: dict[tuple, object] = {}  # (answer's code, run settings) -> observations or CheckFailed
 
@@ -530,53 +531,12 @@ def _fd_path(fd: int) -> str:
         return f"fd {fd}"
 
 
-def _target_path(target) -> str:
-    if isinstance(target, (str, os.PathLike)):
-        return os.path.realpath(os.fspath(target))
-    try:
-        return _fd_path(target.fileno())
-    except (AttributeError, OSError, ValueError):
-        return str(getattr(target, "name", type(target).__name__))
-
-
-@contextlib.contextmanager
-def _watched_writes(log: list, on_half=None, slow: tuple | None = None, fail_write: bool = False):
-    """Every ``torch.save`` to a file is logged (its real path); with ``slow`` its bytes are written
-    in flushed pieces, ``on_half(path)`` is called when half of them are on disk, and with
-    ``fail_write`` the write then raises ``OSError(ENOSPC)`` as a full disk would."""
-    import errno
-
-    from helpers.lessons.races import BufferedSave, hook_torch_save, write_slowly
-
-    class Watched(BufferedSave):
-        def __init__(self, target, original):
-            super().__init__(target, original)
-            self.path = _target_path(target)
-            log.append(self.path)
-
-        def publish(self, data: bytes) -> None:
-            half = len(data) // 2
-            chunks, pause = slow or (2, 0.0)
-            out = self.target if hasattr(self.target, "write") else open(self.path, "wb")
-            try:
-                write_slowly(data[:half], out, max(1, chunks // 2), pause)
-                if on_half is not None:
-                    on_half(self.path)
-                if fail_write:
-                    raise OSError(errno.ENOSPC, INJECTED)
-                write_slowly(data[half:], out, max(1, chunks // 2), pause)
-            finally:
-                if out is not self.target:
-                    out.close()
-
-    with hook_torch_save(Watched):
-        yield log
-
-
 @contextlib.contextmanager
 def _watched_fsyncs(fn, log: list):
-    """Every ``os.fsync``/``os.fdatasync`` in this process is logged as ``(path, size on disk)``,
-    however the answer imported it (``from os import fsync`` included)."""
+    """Where the kernel cannot see a rank's system calls (not Linux): every ``os.fsync`` /
+    ``os.fdatasync`` in this process is logged as ``(path, size on disk)``, however the answer
+    imported it (``from os import fsync`` included). A note made in the rank, so the answer
+    could fake it: on Linux the kernel watches the calls themselves instead."""
     originals = {"fsync": os.fsync, "fdatasync": getattr(os, "fdatasync", None)}
 
     def wrap(real):
@@ -619,48 +579,33 @@ def _listing(folder: str) -> list[str]:
 
 
 def rotating_harness(save_rotating, ckpt_dir: str, steps: list, keep, umask: int,
-                     fail_last: bool = False, first=None, last=None) -> dict:
+                     first=None, last=None, log_fsyncs: bool = False) -> dict:
     """On every rank: ``save_rotating(state, ckpt_dir, step[, keep])`` for each step in turn
     (``keep=None``: the default is used), with this process's umask set to ``umask``.
 
     ``first`` and ``last`` are the grading kernel's gate tokens (:mod:`helpers.grading.watch`),
     put in the state of the first call (every rank) and of the last (``last``: rank 0 only): a
-    save of those states waits for the kernel, which meanwhile watches ckpt_dir and looks at it.
-    With ``fail_last`` rank 0's last write fails half-way as a full disk would (the exception goes
-    on as it would in a real job). Rank 0 also logs every fsync. What the checks decide on is
-    observed in the kernel (the writes, renames and removals, the folder while the last save is
-    held, the files when each rank returned); what is noted here is only for the feedback. No
+    save of those states waits for the kernel, which meanwhile watches ckpt_dir and looks at it
+    (and, in save_rotating_failure, limits rank 0's file size). Everything the checks decide on
+    is observed in the kernel (the writes, renames and removals, rank 0's fsyncs, the folder
+    while the last save is held, the files when each rank returned); what comes back is each
+    call's return value (and, where the kernel cannot watch system calls, rank 0's fsyncs). No
     collective after the answer.
     """
     import torch.distributed as dist
 
-    from helpers.lessons.races import try_load
-
     os.umask(umask)
     rank = dist.get_rank()
-    seen = {"rank": rank, "returned": [], "after": [], "saves": [], "fsyncs": [], "inodes": [],
-            "half": None}
-
-    def at_half(path):
-        seen["half"] = {"target": path, "listing": _listing(ckpt_dir),
-                        "latest": _read_latest(ckpt_dir)}
-
+    seen = {"rank": rank, "returned": [], "fsyncs": []}
     for i, step in enumerate(steps):
         token = first if i == 0 else last if last and i == len(steps) - 1 else None
         args = (_rotating_state(step, token), ckpt_dir, step) + (() if keep is None else (keep,))
-        final = i == len(steps) - 1
-        watch = _watched_writes(seen["saves"], on_half=at_half if final and rank == 0 else None,
-                                fail_write=fail_last and final and rank == 0)
-        with watch, _watched_fsyncs(save_rotating, seen["fsyncs"]):
+        watch = _watched_fsyncs(save_rotating, seen["fsyncs"]) if log_fsyncs and rank == 0 \
+            else contextlib.nullcontext()
+        with watch:
             returned = save_rotating(*args)
         seen["returned"].append(os.path.realpath(os.fspath(returned))
                                 if isinstance(returned, (str, os.PathLike)) else repr(returned)[:80])
-        name = _read_latest(ckpt_dir)
-        loaded = try_load(os.path.join(ckpt_dir, name)) if name else "missing"
-        seen["after"].append({"latest": name, "loads": str(loaded)})
-        if rank == 0:
-            seen["inodes"].append({n: os.stat(os.path.join(ckpt_dir, n)).st_ino
-                                   for n in _listing(ckpt_dir)})
     return seen
 
 
@@ -698,11 +643,13 @@ def _observe(save_rotating, world_size: int, steps: list, keep, umask: int, fail
     __tracebackhide__ = True
     from helpers.grading.answers import CheckFailed, _answer_key
 
+    import resource
     import threading
     import time
 
     from helpers.grading.watch import Gate, Writes
     from helpers.lessons.races import try_load
+    from helpers.spawn import can_watch_syscalls
 
     key = (_answer_key(save_rotating, "save_rotating"), world_size, tuple(steps), keep, umask, fail_last)
     if key not in _OBSERVED:
@@ -722,24 +669,37 @@ def _observe(save_rotating, world_size: int, steps: list, keep, umask: int, fail
                 else:  # created only later: watched from then on
                     threading.Thread(target=follow, daemon=True).start()
 
+            pids, started, limited = [], threading.Event(), []
+            syscalls = can_watch_syscalls()
+
+            def on_start(ranks):
+                pids.extend(ranks)
+                started.set()
+
             def look_half():  # while rank 0's last save is held, before any byte of it is written
                 half.update(listing=_listing(ckpt_dir), latest=_read_latest(ckpt_dir))
+                if fail_last and started.wait(60):  # a full disk, for rank 0 alone: from now on
+                    # no file of its can grow past FULL_DISK_AT bytes (its hard limit too)
+                    resource.prlimit(pids[0], resource.RLIMIT_FSIZE, (FULL_DISK_AT, FULL_DISK_AT))
+                    limited.append(True)
 
             def look(rank):  # as soon as the rank's result arrives
                 name = _read_latest(ckpt_dir)
                 after[rank] = {"latest": name,
                                "loads": str(try_load(os.path.join(ckpt_dir, name)) if name else "missing")}
 
+            watch = dict(on_syscall=lambda rank, call, fd: writes.mark(call)) if syscalls else {}
             with Gate(root, 0.0, name=".first", on_open=watch_ckpt_dir) as first, \
                     Gate(root, ROTATING_HOLD, name=".last", on_open=look_half) as last:
                 try:
                     ranks = run_answer(rotating_harness, save_rotating, ckpt_dir, list(steps), keep, umask,
-                                       fail_last, name="save_rotating", world_size=world_size,
-                                       on_return=look, rank_args=[(first.token(), last.token() if r == 0 else None)
-                                                                  for r in range(world_size)])
+                                       name="save_rotating", world_size=world_size, on_start=on_start,
+                                       on_return=look, log_fsyncs=not syscalls, **watch,
+                                       rank_args=[(first.token(), last.token() if r == 0 else None)
+                                                  for r in range(world_size)])
                     crashed = None
                 except CheckFailed as err:
-                    if not (fail_last and INJECTED in str(err)):
+                    if not limited:
                         _OBSERVED[key] = err
                         raise
                     ranks, crashed = None, str(err)      # the failed write ended the job, as it would
@@ -751,7 +711,9 @@ def _observe(save_rotating, world_size: int, steps: list, keep, umask: int, fail
                               "keep": 3 if keep is None else keep, "umask": umask,
                               "watched": bool(watched), "held": last.opened is not None,
                               "half": half or None, "after": after,
-                              "events": [(n, kind, c) for f, n, kind, c in writes.events if f == ckpt_dir]}
+                              "syscalls": syscalls,
+                              "events": [(n, kind, c) for f, n, kind, c in writes.events
+                                         if f == ckpt_dir or kind == "mark"]}
     found = _OBSERVED[key]
     if isinstance(found, CheckFailed):
         raise found
@@ -896,20 +858,53 @@ def save_rotating_atomic(save_rotating, world_size: int = 3) -> None:
            f"early ({world_size} ranks)")
 
 
+def _synced(seen, name: str) -> tuple[str | None, bool]:
+    """How the checkpoint ``name`` reached ckpt_dir, and whether rank 0 made it durable:
+    ``(temp, synced)``, ``temp`` the name of the file of ckpt_dir first renamed onto ``name``
+    (``name`` itself if it was written in place; None if neither was seen), ``synced`` whether
+    rank 0 made an fsync (or fdatasync) call after that file's last write and before the rename
+    (written in place: before rank 0 wrote any other file). Seen in the kernel: rank 0's calls
+    are marks among the inotify events (a seccomp watch); where the kernel cannot watch system
+    calls, rank 0's own log of them is used instead."""
+    events = seen["events"]
+    temp, end = None, None
+    for i, (n, kind, cookie) in enumerate(events):
+        if n == name and kind == "moved_to" and cookie:
+            j = next((k for k in range(i - 1, -1, -1) if events[k][1] == "moved_from" and events[k][2] == cookie), None)
+            if j is not None:
+                temp, end = events[j][0], j
+                break
+        if n == name and kind == "written":
+            temp = name
+            break
+    if temp is None:
+        return None, False
+    if not seen["syscalls"]:
+        path = os.path.join(seen["ckpt_dir"], temp)
+        return temp, any(p == path for p, _ in seen["ranks"][0]["fsyncs"])
+    last_write = max((k for k, e in enumerate(events) if e[:2] == (temp, "modified")
+                      and (end is None or k < end)), default=-1)
+    if end is None:  # in place: the window closes when rank 0 writes another file
+        end = next((k for k in range(last_write + 1, len(events))
+                    if events[k][1] == "modified" and events[k][0] != temp), len(events))
+    return temp, any(events[k][1] == "mark" for k in range(last_write + 1, end))
+
+
 def save_rotating_durable(save_rotating, world_size: int = 3) -> None:
-    """Rank 0 fsyncs the checkpoint's temp file before renaming it (os.fsync is watched)."""
+    """Rank 0 fsyncs the checkpoint after writing it, before renaming it into place: the grading
+    kernel sees rank 0's fsync calls (a seccomp watch) among the writes and renames in ckpt_dir
+    (inotify), in the order they happened."""
     __tracebackhide__ = True
     seen = _run(save_rotating, world_size)
-    rank0 = seen["ranks"][0]
-    renamed = [t for how, t in _publications(seen, _ckpt_name(seen["steps"][-1])) if how == "renamed" and t]
-    temp = (os.path.join(seen["ckpt_dir"], renamed[0]) if renamed
-            else rank0["half"]["target"] if rank0["half"] else None)
-    synced = [(path, size) for path, size in rank0["fsyncs"] if path == temp]
+    name = _ckpt_name(seen["steps"][-1])
+    temp, synced = _synced(seen, name)
+    if temp is None:
+        fail(f"No write of {name} was seen in ckpt_dir: rank 0 should write each checkpoint there.")
     if not synced:
         fail("Rank 0 never called os.fsync on the checkpoint's temp file before renaming it. os.replace makes "
              "the switch atomic, but without f.flush() and os.fsync(f.fileno()) the bytes may still be only "
              "in memory: after a crash, the new name can point to an empty or partial file.")
-    passed(f"rank 0 fsynced the temp file before the rename ({world_size} ranks)")
+    passed(f"rank 0 fsynced the checkpoint before publishing it ({world_size} ranks)")
 
 
 def save_rotating_mode(save_rotating, world_size: int = 3) -> None:
@@ -947,7 +942,7 @@ def save_rotating_failure(save_rotating, world_size: int = 3) -> None:
         torn = (f"A half-written {new} was left under the final name: write to a temp file, and rename it "
                 "only once it is complete. " if new in extra else "")
         temps = [n for n in extra if n != new]
-        fail(f"Rank 0's write of {new} failed half-way (the grader made the disk full). "
+        fail(f"Rank 0's write of {new} failed half-way (the grader limited its file size, as a full disk would). "
              f"Afterwards ckpt_dir holds {got}; it should hold the earlier checkpoints {earlier} and `latest`, "
              "nothing else. " + torn + (f"Left behind: {temps}: remove the temp file when the write fails "
                                         "(try/finally). " if temps else "")
