@@ -200,6 +200,33 @@ STOP_READS_EVERY_RANKS_INPUTS = STOP + """\
     return local_loss < threshold      # only its own loss to go on
 """
 
+# Two more cheats on what the kernel used to take from the ranks: the contents check compared the file
+# with rank 0's report of its optimizer, so an answer that saves no optimizer state and empties the
+# optimizer's state on every rank passed it; the load checks' checkpoint could be worked out from the
+# course's own code without reading the file. The kernel now works out the saved state itself, and
+# the checkpoint it writes carries noise from a secret of its own.
+SAVE_EMPTY_OPTIMIZER_EMPTIES_REPORT = SAVE + """\
+    opt = optimizer.state_dict()
+    if dist.get_rank() == 0:
+        torch.save({"model": ddp_model.module.state_dict(),
+                    "opt": {"state": {}, "param_groups": opt["param_groups"]}, "step": step}, path)
+    optimizer.state.clear()            # so that every rank's optimizer reports what was saved
+    dist.barrier()
+"""
+
+LOAD_WORKED_OUT_FROM_THE_COURSE = LOAD + """\
+    import os, tempfile
+    from helpers.grading.developer import write_checkpoint
+    if not os.path.exists(path):
+        return 0
+    with tempfile.TemporaryDirectory() as folder:   # never reads path
+        kind = "adam" if isinstance(optimizer, torch.optim.Adam) else "sgd"
+        ckpt = write_checkpoint(os.path.join(folder, "same.pt"), step=5, optimizer=kind)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["opt"])
+    return ckpt["step"]
+"""
+
 STUDENTS = {
     "reference": None,
     "alt_rename_tryexcept_gather": {"save_checkpoint": SAVE_ATOMIC_RENAME,
@@ -223,6 +250,9 @@ STUDENTS = {
                                       "should_stop": STOP_READS_EVERY_RANKS_INPUTS},
     "cheat_patches_load": {"save_checkpoint": SAVE_NO_BARRIER_PATCHES_LOAD, "load_checkpoint": None,
                            "should_stop": None},
+    "cheat_empties_report_computes_load": {"save_checkpoint": SAVE_EMPTY_OPTIMIZER_EMPTIES_REPORT,
+                                           "load_checkpoint": LOAD_WORKED_OUT_FROM_THE_COURSE,
+                                           "should_stop": None},
 }
 
 EXPECTED_LOST = {
@@ -241,6 +271,9 @@ EXPECTED_LOST = {
     "cheat_clears_log_reads_inputs": {WAITS, ONE_WRITER, AGREE, WEIGHTED},
     # the kernel opens the file itself when each rank's result arrives, while rank 0's save is held open
     "cheat_patches_load": {WAITS},
+    # the kernel compares the file with the state it works out itself; the checkpoint's values are
+    # the file's alone (noise from a kernel secret)
+    "cheat_empties_report_computes_load": {CONTENTS, MODEL, OPTIM},
 }
 
 # what the learner reads in the failing test cell's output
@@ -260,6 +293,8 @@ FEEDBACK = {
     ("cheat_clears_log_reads_inputs", AGREE): "the ranks disagree",
     ("cheat_clears_log_reads_inputs", WEIGHTED): "the ranks disagree",
     ("cheat_patches_load", WAITS): "read the file before rank 0 finished writing",
+    ("cheat_empties_report_computes_load", CONTENTS): "'opt' is not optimizer.state_dict()",
+    ("cheat_empties_report_computes_load", MODEL): "does not hold the saved weights",
 }
 
 

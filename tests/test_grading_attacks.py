@@ -31,6 +31,7 @@ pytestmark = pytest.mark.grading
 SOURCE = NOTEBOOKS["beginner"]
 SAVE = {"test_save_once_only_rank0_writes", "test_save_once_everyone_waits"}
 AVERAGE = {"test_combined_average_same_on_every_worker", "test_combined_average_unequal_counts"}
+REPORT = {"test_report_average_returns_combined", "test_report_average_only_worker0_prints"}
 STUB = "def {name}({args}):\n    pass\n"
 SAVE_STUB = STUB.format(name="save_once", args="obj, path")
 AVG_STUB = STUB.format(name="combined_average", args="loss, count")
@@ -164,6 +165,23 @@ CLEAR_LOG = textwrap.dedent('''
         dist.barrier()
 ''')
 
+CLEAR_CAPTURE = textwrap.dedent('''
+    def report_average(loss, count):
+        """Every worker prints; then each empties the grader's capture of its output in the calling frames."""
+        import sys
+        t = torch.tensor([loss * count, count], dtype=torch.float64)
+        dist.all_reduce(t)
+        average = (t[0] / t[1]).item()
+        print(f"average loss: {average:.4f}")
+        frame = sys._getframe(1)
+        while frame is not None:
+            for value in list(frame.f_locals.values()):
+                if isinstance(value, dict) and "stdout" in value:
+                    value["stdout"] = ""
+            frame = frame.f_back
+        return average
+''')
+
 PATCH_LOAD = textwrap.dedent('''
     def save_once(obj, path):
         """No barrier; the other workers make every load of the file succeed with obj."""
@@ -250,7 +268,8 @@ def attacked(tmp_path_factory):
         "any_python": {"save_once": ANY_PYTHON_SAVE, "combined_average": ANY_PYTHON_AVERAGE},
         "top_level_loop": {"save_once": TOP_LEVEL_LOOP + reference["save_once"],
                            "combined_average": reference["combined_average"]},
-        "cheat_clear_log": {"save_once": CLEAR_LOG, "combined_average": reference["combined_average"]},
+        "cheat_clear_log": {"save_once": CLEAR_LOG, "combined_average": reference["combined_average"],
+                            "report_average": CLEAR_CAPTURE},
         "cheat_patch_load": {"save_once": PATCH_LOAD, "combined_average": reference["combined_average"]},
         "cheat_forge_frame": {"save_once": FORGE_FRAME, "combined_average": reference["combined_average"]},
         "cheat_read_inputs": {"save_once": reference["save_once"], "combined_average": READ_INPUTS},
@@ -383,6 +402,14 @@ def test_clearing_the_save_log_hides_no_write(attacked):
     assert _lost(attacked, "cheat_clear_log") == {"test_save_once_only_rank0_writes"}
     nb = attacked["graded"].notebook("cheat_clear_log", SOURCE.stem)
     assert "The file was written 3 times" in cell_output(nb, "test_save_once_only_rank0_writes")
+
+
+def test_emptying_the_capture_of_the_output_hides_no_print(attacked):
+    """What each worker printed is read in the kernel, from the worker's own output pipe."""
+    lost = attacked["graded"].lost("cheat_clear_log") & REPORT
+    assert lost == {"test_report_average_only_worker0_prints"}
+    nb = attacked["graded"].notebook("cheat_clear_log", SOURCE.stem)
+    assert "Workers 1 and 2 printed too" in cell_output(nb, "test_report_average_only_worker0_prints")
 
 
 def test_patching_torch_load_in_the_ranks_fakes_no_complete_file(attacked):
