@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import pwd
@@ -67,15 +68,33 @@ def is_root() -> bool:
 
 
 def _env_fingerprint() -> str:
-    """What the environment is built from: requirements, the course's package, this file."""
+    """What the environment is built from: requirements, the course's package, and the recipe
+    (build_env and the extension lists it applies). The rest of this file (the CLI, the instance)
+    is not part of it, so a change there does not rebuild an environment every hub shares."""
     h = hashlib.sha256()
-    files = [COURSE / "requirements.txt", COURSE / "pyproject.toml", Path(__file__)]
+    files = [COURSE / "requirements.txt", COURSE / "pyproject.toml"]
     for pkg in ("helpers", "course_tools"):
         files += sorted(p for p in (COURSE / pkg).rglob("*")
                         if p.is_file() and "__pycache__" not in p.parts)
     for f in files:
         h.update(str(f.relative_to(COURSE)).encode() + b"\0" + f.read_bytes())
+    recipe = [inspect.getsource(build_env), inspect.getsource(_temp_copy_of_package),
+              json.dumps([LEARNER_EXTENSIONS, INSTRUCTOR_LAB_PLUGINS, LAB_OVERRIDES], sort_keys=True)]
+    h.update("\0".join(recipe).encode())
     return h.hexdigest()
+
+
+def _runs_for_everyone(py: str) -> str | None:
+    """None if an unprivileged user (nobody) can run ``py``; else what went wrong. Every user's
+    server runs from a venv of ``py``, so a Python under a private home cannot serve the class."""
+    if not is_root():
+        return None
+    try:
+        proc = subprocess.run([py, "-c", "import encodings, ensurepip"], user=65534, group=65534,
+                              extra_groups=[], capture_output=True, text=True, cwd="/", timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+    return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["failed"])[-1]
 
 
 def build_env(env: Path = DEFAULT_ENV, quiet: bool = False) -> Path:
@@ -91,7 +110,14 @@ def build_env(env: Path = DEFAULT_ENV, quiet: bool = False) -> Path:
     py = shutil.which(BASE_PYTHON) or BASE_PYTHON
     if not os.access(py, os.X_OK):
         raise SystemExit(f"the hub's environment is built from {BASE_PYTHON}, which is missing: "
-                         "install Debian's python3.11 and python3.11-venv, or set COURSE_HUB_PYTHON")
+                         "install Debian's python3.11 and python3.11-venv, or point COURSE_HUB_PYTHON "
+                         "(make hub HUB_PYTHON=...) at a Python 3.11 every user can run")
+    why = _runs_for_everyone(py)
+    if why:
+        raise SystemExit(f"the hub's environment is built from {py}, but an unprivileged user cannot "
+                         f"run it ({why}): every learner's server runs from it. Use a Python 3.11 "
+                         "outside any private home (Debian's /usr/bin/python3.11, or a toolcache under "
+                         "/opt) with COURSE_HUB_PYTHON=/path/to/python3.11 (make hub HUB_PYTHON=...)")
     env.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(env.parent, 0o755)
     if not (env / "bin" / "python").exists():
