@@ -3,7 +3,8 @@
     python -m hub env                  build (or update) the course's shared environment
     python -m hub users [--create]     show, or (as root) create, the course's Unix users
     python -m hub serve [--port N]     start the hub on 127.0.0.1 (Ctrl-C stops it and every server)
-    python -m hub stop                 stop a hub started by `serve` (same --root)
+    python -m hub stop                 stop a hub started by `serve` (same --root); exits 1 when
+                                       there is none, or when the recorded pid is not that hub
 
 An instance lives in one folder (``--root``, default /opt/one-rank-hub, world-traversable):
 
@@ -476,26 +477,66 @@ def _serve_cmd(args) -> int:
     return 1 if left else 0
 
 
-def _stop_cmd(args) -> int:
-    info = args.root / "state" / "instance.json"
-    if not info.exists():
-        say(f"no hub running from {args.root}")
-        return 0
-    inst = json.loads(info.read_text())
-    if inst.get("pid"):
-        try:
-            os.kill(inst["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+def hub_process(inst: dict):
+    """The process recorded in an instance.json if it is that instance's jupyterhub (its
+    COURSE_HUB_ID is the instance's id), else None: the pid may have been reused since."""
     import psutil
 
     try:
-        psutil.Process(inst["pid"]).wait(timeout=60)
-    except (psutil.Error, TypeError):
+        proc = psutil.Process(int(inst["pid"]))
+        if proc.environ().get("COURSE_HUB_ID") == inst["id"] and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except (psutil.Error, KeyError, TypeError, ValueError):
         pass
-    killed = kill_all(instance_processes(inst["id"]))
-    say("stopped" + (f"; killed what was left: {killed}" if killed else ""))
+    return None
+
+
+def _stop_cmd(args) -> int:
+    if not is_root():
+        say(f"cannot stop the hub: {NOT_ROOT}")
+        return 1
+    import psutil
+
+    info = args.root / "state" / "instance.json"
+    if not info.exists():
+        say(f"nothing to stop: no hub was started from {args.root} ({info} is missing)")
+        return 1
+    inst = json.loads(info.read_text())
+    hub = hub_process(inst)
+    pid = inst.get("pid")
+    if hub is None:
+        try:
+            alive = psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, TypeError, ValueError):
+            alive = False
+        why = (f"process {pid} is not this hub (no COURSE_HUB_ID={inst.get('id')} in its environment): "
+               "its pid was reused; it was left alone" if alive else
+               f"the hub recorded there (pid {pid}) is not running")
+    else:
+        hub.send_signal(signal.SIGTERM)
+        try:
+            hub.wait(timeout=60)
+        except psutil.TimeoutExpired:
+            os.killpg(hub.pid, signal.SIGKILL)  # its own session (start_new_session): the proxy too
+            hub.wait(timeout=30)
+    # what the instance left running (servers, kernels, the proxy): found by its id, not by pid
+    killed = kill_all(instance_processes(inst["id"])) if inst.get("id") else []
+    if hub is None:
+        info.unlink(missing_ok=True)
+        if killed:
+            say(f"{why}; killed what it had left running: {killed}")
+            return 0
+        say(f"nothing to stop from {args.root}: {why}. Removed the stale {info}.")
+        return 1
+    say(f"stopped the hub (pid {hub.pid})" + (f"; killed what was left: {killed}" if killed else ""))
     return 0
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give the learners' user names, separated by commas")
+    return names
 
 
 def main(argv=None) -> int:
@@ -503,7 +544,9 @@ def main(argv=None) -> int:
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="the instance's folder")
     ap.add_argument("--env", type=Path, default=DEFAULT_ENV, help="the course's shared environment")
     ap.add_argument("--instructor", default=INSTRUCTOR)
-    ap.add_argument("--learners", nargs="+", default=LEARNERS)
+    # one argument, comma-separated: a list of words would swallow the command that follows it
+    ap.add_argument("--learners", type=_names, default=LEARNERS, metavar="NAME,NAME,...",
+                    help=f"the learners' Unix users (default {','.join(LEARNERS)})")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("env", help="build or update the course's environment")
     u = sub.add_parser("users", help="show, or create (--create, as root), the course's users")
