@@ -16,6 +16,8 @@ An instance lives in one folder (``--root``, default /opt/one-rank-hub, world-tr
     instructor/    Jupyter config only the instructor's server reads (formgrader, course folder)
 
 The hub must run as root: it checks passwords with PAM and starts each user's server as that user.
+It refuses to start while a learner can read the checkout it is started from (``solutions/`` and
+``tests/`` hold the answers): ``chmod go-rwx`` the checkout, or clone it where only root can read.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import inspect
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -244,13 +247,88 @@ def setup_course_folder(instructor: str) -> Path:
     return dest
 
 
+#: What of the course's checkout no learner may read: the solutions and hidden tests, and the
+#: test suite (its right answers to every exercise).
+PRIVATE_PARTS = ("solutions", "tests")
+
+_READABLE_SH = ('for p do if [ -r "$p" ] && { [ ! -d "$p" ] || [ -x "$p" ]; }; then '
+                'printf "%s\\n" "$p"; fi; done')
+
+
+def readable_by(user: str, paths: list[Path]) -> list[Path]:
+    """The ``paths`` Unix user ``user`` can read (a folder: list), tried as that user, so that
+    their groups, ACLs and every parent folder's search bit count (as root)."""
+    pw = pwd.getpwnam(user)
+    proc = subprocess.run(["/bin/sh", "-c", _READABLE_SH, "sh", *map(str, paths)],
+                          user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(user, pw.pw_gid),
+                          env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not check what {user} can read: {proc.stderr.strip()}")
+    return [Path(line) for line in proc.stdout.splitlines() if line]
+
+
+def exposed_checkout(learners: list[str], course: Path = COURSE) -> dict[str, list[Path]]:
+    """Per learner, what of ``course``'s private parts (:data:`PRIVATE_PARTS`: each folder and
+    every file in it) they can read; empty when none of them can read any."""
+    paths = []
+    for part in PRIVATE_PARTS:
+        folder = course / part
+        if folder.exists():
+            paths += [folder, *sorted(f for f in folder.rglob("*") if f.is_file())]
+    found = {}
+    for user in learners:
+        seen = readable_by(user, paths)
+        if seen:
+            found[user] = seen
+    return found
+
+
+def exposure_message(exposed: dict[str, list[Path]], course: Path = COURSE) -> str:
+    users = ", ".join(exposed)
+    first = next(iter(exposed.values()))
+    more = f" and {len(first) - 1} more" if len(first) > 1 else ""
+    return (f"the course's checkout {course} is readable by the class: {users} can read {first[0]}{more} "
+            f"({' and '.join(p + '/' for p in PRIVATE_PARTS)} hold the answers and hidden tests). "
+            f"Make it private before serving the class: `sudo chmod go-rwx {course}` (no learner's "
+            "server uses the checkout: they run from the hub's own environment), or clone the course "
+            "where only root can read it (under /root, say); then run `make hub` again.")
+
+
 # ============================================================================ an instance
 
 
 def free_port() -> int:
+    """A port free on 127.0.0.1 now. Another process may take it before the hub binds it:
+    :meth:`Hub.start` then tries again with new ports (:data:`PORT_ATTEMPTS`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: Starts tried when a port chosen by free_port() was taken before the hub or its proxy bound it.
+PORT_ATTEMPTS = 5
+#: How jupyterhub and configurable-http-proxy report a port already taken.
+_BIND_FAILED = ("EADDRINUSE", "Address already in use")
+
+
+def _port_taken(log: str, ports: dict[str, int]) -> tuple[str, int | None] | None:
+    """(role, port) if the log reports one of ``ports`` taken (role "a", port None if it does not
+    say which), else None. Only the lines reporting the failure are read: the others name every
+    port the hub uses."""
+    lines = [line for line in log.splitlines()
+             if any(marker in line for marker in (*_BIND_FAILED, "Failed to bind"))]
+    if not lines:
+        return None
+    for role, port in ports.items():
+        if any(re.search(rf":{port}(?!\d)", line) for line in lines):
+            return role, port
+    return "a", None
+
+
+class PortTaken(RuntimeError):
+    def __init__(self, port: int | None, role: str, log: str):
+        super().__init__(f"the {role} port {port} was taken before the hub could bind it")
+        self.port, self.role, self.log = port, role, log
 
 
 def prepare(root: Path, instructor: str, learners: list[str]) -> dict:
@@ -297,21 +375,33 @@ def write_everyone_config(root: Path, exchange: Path) -> Path:
 
 
 class Hub:
-    """A running hub: ``jupyterhub`` as a child process, stopped with everything it started."""
+    """A running hub: ``jupyterhub`` as a child process, stopped with everything it started.
+
+    ``port``: the public port (None: a free one, and new ones if it is taken before the proxy
+    binds it); ``course``: the checkout no learner may read (checked before anything starts)."""
 
     def __init__(self, root: Path = DEFAULT_ROOT, env: Path = DEFAULT_ENV, port: int | None = None,
-                 instructor: str = INSTRUCTOR, learners: list[str] = LEARNERS):
-        self.root, self.env = Path(root), Path(env)
+                 instructor: str = INSTRUCTOR, learners: list[str] = LEARNERS, course: Path = COURSE):
+        self.root, self.env, self.course = Path(root), Path(env), Path(course)
         self.instructor, self.learners = instructor, list(learners)
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.fixed_port = port
+        self.port: int | None = port
         self.id = secrets.token_hex(8)
         self.token = secrets.token_hex(32)
         self.proc: subprocess.Popen | None = None
+        self.retries: list[str] = []  # why a start was tried again (a port taken meanwhile)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def log_path(self) -> Path:
         return self.root / "state" / "jupyterhub.log"
+
+    @property
+    def info_path(self) -> Path:
+        return self.root / "state" / "instance.json"
 
     def start(self, timeout: float = 120) -> "Hub":
         if not is_root():
@@ -320,39 +410,89 @@ class Hub:
         if missing:
             raise SystemExit(f"the course's users {missing} do not exist: create them with "
                              "`sudo make hub USERS=1` (or useradd + chpasswd yourself)")
+        exposed = exposed_checkout(self.learners, self.course)
+        if exposed:
+            raise SystemExit(exposure_message(exposed, self.course))
         dirs = prepare(self.root, self.instructor, self.learners)
         build_env(self.env, quiet=True)
         write_everyone_config(self.root, dirs["exchange"])
         setup_course_folder(self.instructor)
         proxy_command()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once(dirs["state"], timeout)
+            except PortTaken as e:
+                if self.fixed_port is not None and e.port == self.fixed_port:
+                    raise SystemExit(f"port {e.port} on 127.0.0.1 is taken by another program: choose "
+                                     "another (make hub HUB_PORT=N, python -m hub serve --port N), or "
+                                     "leave it out to get a free one") from None
+                self.retries.append(str(e))
+                if attempt == PORT_ATTEMPTS:
+                    raise RuntimeError(f"{e} in each of {PORT_ATTEMPTS} starts:\n{e.log}") from None
+                say(f"{e} (another program started at the same time): starting again on other ports")
+        raise AssertionError("unreachable")
+
+    def _start_once(self, state: Path, timeout: float) -> "Hub":
+        """One start of jupyterhub on ports chosen now; :class:`PortTaken` if one of them was
+        taken before it was bound (the hub or the proxy exited saying so)."""
+        self.port = self.fixed_port or free_port()
+        ports = {"public": self.port, "hub API": free_port(), "proxy API": free_port()}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "VIRTUAL_ENV"))}
         env.update(COURSE_HUB_ROOT=str(self.root), COURSE_HUB_ENV=str(self.env),
-                   COURSE_HUB_PORT=str(self.port), COURSE_HUB_API_PORT=str(free_port()),
-                   COURSE_HUB_PROXY_API_PORT=str(free_port()), COURSE_HUB_ID=self.id,
+                   COURSE_HUB_PORT=str(ports["public"]), COURSE_HUB_API_PORT=str(ports["hub API"]),
+                   COURSE_HUB_PROXY_API_PORT=str(ports["proxy API"]), COURSE_HUB_ID=self.id,
                    COURSE_HUB_SERVICE_TOKEN=self.token, CONFIGPROXY_AUTH_TOKEN=secrets.token_hex(32),
                    PATH=f"{self.env / 'bin'}:/usr/local/bin:/usr/bin:/bin")
-        (dirs["state"] / "instance.json").write_text(json.dumps(
-            {"url": self.url, "id": self.id, "token": self.token, "pid": None}))
         log = open(self.log_path, "ab")
+        log_start = log.tell()
         self.proc = subprocess.Popen([str(self.env / "bin" / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")],
-                                     cwd=dirs["state"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     cwd=state, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
-        (dirs["state"] / "instance.json").write_text(json.dumps(
-            {"url": self.url, "id": self.id, "token": self.token, "pid": self.proc.pid}))
+        self._write_info()
         deadline = time.monotonic() + timeout
         while True:
-            if self.proc.poll() is not None:
+            # configurable-http-proxy logs a port taken and goes on running without it; the hub
+            # exits: either way the log says so, and this start is ended
+            taken = _port_taken(self._log_since(log_start), ports)
+            if taken or self.proc.poll() is not None:
+                self.stop()
+                if taken:
+                    raise PortTaken(taken[1], taken[0], self._log_since(log_start)[-3000:])
                 raise RuntimeError(f"jupyterhub exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                self.api("GET", "/hub/api/", timeout=5)
+                # our own hub, not whatever else answers on that port: the service token must work
+                self.api("GET", "/hub/api/user", timeout=5)
                 return self
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"the hub did not answer in {timeout} s:\n{self.log_tail()}")
-            time.sleep(0.25)  # polling the hub's API, not synchronising on time
+            time.sleep(0.25)  # polling the hub's API and its log, not synchronising on time
+
+    def _write_info(self) -> None:
+        """state/instance.json: how `python -m hub stop` finds this hub, and checks it is this hub."""
+        tmp = self.info_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"url": self.url, "id": self.id, "token": self.token,
+                                   "pid": self.proc.pid if self.proc else None}))
+        os.replace(tmp, self.info_path)
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _end_process_group(self) -> None:
+        """The proxy the hub started, if the hub exited without stopping it."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def api(self, method: str, path: str, body=None, timeout: float = 30):
         import urllib.request
@@ -380,11 +520,7 @@ class Hub:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
         killed = kill_all(self.leftovers())
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the proxy, if the hub left it
-            except (ProcessLookupError, PermissionError):
-                pass
+        self._end_process_group()
         return killed
 
     def log_tail(self, n: int = 80) -> str:
@@ -468,12 +604,13 @@ def _serve_cmd(args) -> int:
         say(f"the course's hub: {hub.url}  (instructor {args.instructor}, learners "
             f"{', '.join(args.learners)}; log {hub.log_path}). Ctrl-C or `make hub-stop` stops it.")
         while not stopping and hub.proc.poll() is None:
-            time.sleep(0.5)
+            time.sleep(0.5)  # waiting for Ctrl-C, SIGTERM or `python -m hub stop`
     finally:
-        killed = hub.stop()
-        left = hub.leftovers()
-        say("stopped" + (f"; killed what was left: {killed}" if killed else "; nothing left running"))
-        (hub.root / "state" / "instance.json").unlink(missing_ok=True)
+        if hub.proc is not None:  # started (a refusal before that started nothing)
+            killed = hub.stop()
+            left = hub.leftovers()
+            say("stopped" + (f"; killed what was left: {killed}" if killed else "; nothing left running"))
+            hub.info_path.unlink(missing_ok=True)
     return 1 if left else 0
 
 
