@@ -58,7 +58,7 @@ from helpers._pool.pool import NODE_LOCAL_DIR, Options, Pool
 
 __all__ = ["run", "HangError", "JoinTimeout", "WorkerError", "RankRaised", "RankDied",
            "UnsendableResult", "BadMessage", "RankState", "MAX_WORLD_SIZE", "NODE_LOCAL_DIR",
-           "live_ranks"]
+           "live_ranks", "can_watch_syscalls"]
 
 MAX_WORLD_SIZE = 32
 _SERVER = None  # this process's fork server, started by the first run()
@@ -70,7 +70,10 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
         detail_debug: bool = False, threads: int = 1, init_process_group: bool = True,
         show_warnings: bool = False, nproc_per_node: int | None = None,
         plain_results: bool = False, start_timeout: float = 60, rank_args: list | None = None,
-        on_return: Callable[[int], None] | None = None, **kwargs) -> list:
+        on_return: Callable[[int], None] | None = None, outputs: list | None = None,
+        on_syscall: Callable[[int, str, int], None] | None = None,
+        watch_syscalls: tuple = ("fsync", "fdatasync"), watch_ranks: tuple = (0,),
+        on_start: Callable[[list[int]], None] | None = None, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on every rank of a fresh gloo group; return the values.
 
     world_size: number of ranks (processes), 1 to 32.
@@ -107,6 +110,19 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
     on_return: called here, in the caller, with a rank's number as soon as that rank's
         result arrives (before the other ranks have finished): the moment to look, from
         outside the ranks, at what they left (the grader inspects a checkpoint file then).
+    outputs: a list, filled here once the pool has ended (whether ``fn`` returned, raised or
+        hung) with one ``{"stdout": [lines], "stderr": [lines]}`` per rank: what the rank wrote
+        on its own output pipes, as this process read them (start-up chatter left out unless
+        ``show_warnings``). Nothing a rank does can change what another rank wrote, or take
+        back what it wrote itself.
+    on_start: called here with the ranks' process ids, in rank order, as soon as they are
+        started (before they have joined the group).
+    on_syscall: called here, from a thread of this process, as ``on_syscall(rank, name,
+        first_argument)`` each time one of ``watch_ranks`` (or a thread or child of it) makes
+        one of the system calls ``watch_syscalls`` (``fsync``, ``fdatasync``); the call waits
+        until ``on_syscall`` has returned, then runs unchanged. Seen with a seccomp filter the
+        rank installs before it runs anything it was given (Linux only: see
+        :func:`can_watch_syscalls`), so no code in the rank can hide a call or fake one.
 
     Any other keyword argument is passed to ``fn``.
 
@@ -121,18 +137,36 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
     if rank_args is not None and len(rank_args) != world_size:
         raise ValueError(f"rank_args needs one tuple per rank: {world_size} ranks, got "
                          f"{len(rank_args)} tuples.")
+    watched: tuple = ()
+    if on_syscall is not None:
+        from helpers._pool.syscalls import WATCHABLE
+
+        unknown = sorted(set(watch_syscalls) - set(WATCHABLE))
+        if unknown or not watch_syscalls:
+            raise ValueError(f"watch_syscalls can name {', '.join(WATCHABLE)}, not {unknown or 'nothing'}.")
+        if any(not isinstance(r, int) or not 0 <= r < world_size for r in watch_ranks):
+            raise ValueError(f"watch_ranks must be ranks of the pool (0 to {world_size - 1}), not {watch_ranks}.")
+        if not can_watch_syscalls():
+            raise RuntimeError("system calls cannot be watched here (seccomp notifications need "
+                               "Linux on x86_64 or aarch64); check can_watch_syscalls() first.")
+        watched = tuple(sorted(set(watch_ranks)))
     options = Options(world_size=world_size, nproc_per_node=nproc, timeout=float(timeout),
                       start_timeout=float(start_timeout), echo=echo, detail=detail_debug,
                       threads=threads, init=init_process_group, show_warnings=show_warnings,
-                      plain=bool(plain_results))
+                      plain=bool(plain_results), syscalls=tuple(watch_syscalls) if watched else (),
+                      syscall_ranks=watched)
     with _ONE_POOL_AT_A_TIME:  # threads of one process take turns
-        pool = Pool(fn, args, kwargs, options, _server(), rank_args=rank_args, on_return=on_return)
+        pool = Pool(fn, args, kwargs, options, _server(), rank_args=rank_args, on_return=on_return,
+                    on_syscall=on_syscall, on_start=on_start)
         with _interrupts_held_while(pool):
             try:
                 pool.start()
                 return pool.wait()
             finally:
                 pool.stop()
+                if outputs is not None:
+                    outputs[:] = [{"stdout": list(r.stdout.lines), "stderr": list(r.stderr.lines)}
+                                  for r in pool.ranks]
 
 
 class _interrupts_held_while:
@@ -235,6 +269,13 @@ def _check(fn: Any, world_size: Any, timeout: Any, start_timeout: Any, threads: 
             "leave it out for one node."
         )
     return nproc_per_node
+
+
+def can_watch_syscalls() -> bool:
+    """Whether ``run(on_syscall=...)`` can watch a rank's system calls on this machine."""
+    from helpers._pool.syscalls import available
+
+    return available()
 
 
 def live_ranks() -> list[int]:

@@ -163,6 +163,17 @@ FAKES_ITS_TEMP_FILE = HEAD + """\
     return path
 """
 
+# A cheat on the old fsync log: no fsync at all, then an entry for the temp file written into the
+# grader's note of rank 0's fsyncs in the calling frames. The kernel now sees the calls themselves.
+FAKES_ITS_FSYNC = (("                    os.fsync(f.fileno())\n",
+                    "                    import sys\n"
+                    "                    frame = sys._getframe(1)\n"
+                    "                    while frame is not None:\n"
+                    "                        seen = frame.f_locals.get(\"seen\")\n"
+                    "                        if isinstance(seen, dict) and isinstance(seen.get(\"fsyncs\"), list):\n"
+                    "                            seen[\"fsyncs\"].append((os.path.realpath(tmp), f.tell()))\n"
+                    "                        frame = frame.f_back\n"),)
+
 EVERY_RANK_IN_TURN = (("    if dist.get_rank() == 0:\n",
                        "    for _ in range(dist.get_rank()):\n        dist.barrier()\n    if True:\n"),
                       ("    dist.barrier()\n    return",
@@ -186,6 +197,7 @@ def students() -> dict[str, dict[str, str] | None]:
             "    for _ in range(dist.get_world_size() - dist.get_rank()):\n",
             CLEAR_SAVE_LOG + "    for _ in range(dist.get_world_size() - dist.get_rank()):\n"))},
         "cheat_fakes_its_temp_file": {"save_rotating": FAKES_ITS_TEMP_FILE},
+        "cheat_fakes_its_fsync": {"save_rotating": _reference_with(*FAKES_ITS_FSYNC)},
         # three independent mistakes in one answer: each loses only its own test
         "owner_only_no_fsync_no_barrier": {"save_rotating": "import tempfile\n" + _reference_with(
             ("tmp = f\"{target}.tmp\"\n", "fd, tmp = tempfile.mkstemp(dir=ckpt_dir)\n            os.close(fd)\n"),
@@ -204,9 +216,11 @@ EXPECTED_LOST = {
     "removes_before_writing": {ATOMIC, FAILURE},
     "every_rank_writes": {ONE_WRITER},
     "cheat_clears_save_log": {ONE_WRITER},
-    # its own note of the file is not what the kernel saw; it fsyncs the final name, not a temp file
-    "cheat_fakes_its_temp_file": {ATOMIC, DURABLE, FAILURE},
+    # its own note of the file is not what the kernel saw: graded as what it did, writing (and
+    # fsyncing) the final name in place
+    "cheat_fakes_its_temp_file": {ATOMIC, FAILURE},
     "owner_only_no_fsync_no_barrier": {MODE, DURABLE, WAITS},
+    "cheat_fakes_its_fsync": {DURABLE},
 }
 #: Tests an answer may also lose (none: `latest` rewritten in place is now seen as a write onto the name
 #: itself, no longer guessed from inode numbers, which a filesystem may reuse).
@@ -223,6 +237,7 @@ FEEDBACK = {
     ("cheat_fakes_its_temp_file", ATOMIC): "wrote straight to the final name",
     ("owner_only_no_fsync_no_barrier", MODE): "owner-only",
     ("owner_only_no_fsync_no_barrier", DURABLE): "never called os.fsync",
+    ("cheat_fakes_its_fsync", DURABLE): "never called os.fsync",
 }
 
 

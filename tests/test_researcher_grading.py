@@ -192,8 +192,8 @@ EXPECTED_LOST = {
 }
 
 FEEDBACK = {  # student -> phrases its autograded notebook must show (what went wrong, in words)
-    "wrong_a": ["unweighted mean (2.0) ignores", "padded duplicates", "found it torn"],
-    "wrong_b": ["got back only its own", "expected ValueError (the lengths differ)", "found it torn"],
+    "wrong_a": ["unweighted mean (2.0) ignores", "padded duplicates", "found a file that does not load"],
+    "wrong_b": ["got back only its own", "expected ValueError (the lengths differ)", "path was written in place"],
     "wrong_c": ["the folder also holds ['model.pt.staging']"],
     "lazy": ["pooled_mean([1.0, 3.0], [1, 3]) raised ValueError: no. These inputs are valid",
              "there is no file at path"],

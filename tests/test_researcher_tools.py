@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+# a library outside torch, whose compute() all-gathers; imported here, so each rank imports it
+# when it loads the test's function, before the hang's clock starts (a slow import under load
+# was once still running when the clock ran out)
+from torchmetrics import MeanMetric
 
 from helpers.lessons.researcher import digest, median, table
 from helpers.spawn import HangError, run
@@ -32,8 +36,6 @@ def test_median_and_table():
 
 
 def _rank0_gathers_alone():
-    from torchmetrics import MeanMetric  # a library outside torch, whose compute() all-gathers
-
     metric = MeanMetric()
     metric.update(torch.tensor(float(dist.get_rank())))
     if dist.get_rank() == 0:

@@ -274,3 +274,73 @@ def test_on_return_runs_in_the_caller_as_each_result_arrives(tmp_path):
     assert run(_last_waits_for_the_callers_look, str(flag), world_size=2, on_return=look,
                echo=False, timeout=30) == [0, 1]
     assert seen == [(0, os.getpid()), (1, os.getpid())]
+
+
+def _talks_then_raises(fail_on):
+    import sys
+
+    rank = dist.get_rank()
+    print(f"out {rank}")
+    print(f"err {rank}", file=sys.stderr)
+    os.write(1, f"fd {rank}\n".encode())
+    sys.stdout = open(os.devnull, "w")  # what this rank writes from now on goes nowhere
+    print("hidden")
+    if rank == fail_on:
+        raise ValueError("stop")
+    return rank
+
+
+@pytest.mark.parametrize("fail_on", [None, 1])
+def test_outputs_hold_what_each_rank_wrote_on_its_own_pipes(fail_on):
+    """Read by the caller from each rank's pipes: print, sys.stderr and fd 1 alike, per rank, also
+    when a rank raised; what never reached the pipe is not there."""
+    outputs = []
+    try:
+        run(_talks_then_raises, fail_on, world_size=3, echo=False, outputs=outputs)
+    except WorkerError:
+        assert fail_on is not None
+    else:
+        assert fail_on is None
+    assert len(outputs) == 3
+    # the ranks that surely wrote everything: all of them, or the one that raised (the pool
+    # stops at once then, perhaps before another rank has written)
+    for r in range(3) if fail_on is None else [fail_on]:
+        assert outputs[r]["stdout"] == [f"out {r}", f"fd {r}"], outputs
+        assert outputs[r]["stderr"][:1] == [f"err {r}"], outputs
+
+
+# ----------------------------------------------------------------------------- system calls seen by the caller
+
+
+def _syncs(folder):
+    import subprocess
+    import sys
+
+    rank = dist.get_rank()
+    path = os.path.join(folder, f"rank{rank}")
+    with open(path, "wb") as f:
+        f.write(b"data")
+        f.flush()
+        os.fsync(f.fileno())
+    # a child of the rank inherits the watch
+    subprocess.run([sys.executable, "-c", f"import os; fd = os.open({path!r}, os.O_RDONLY); os.fdatasync(fd)"],
+                   check=True)
+    return open(path, "rb").read()
+
+
+def test_on_syscall_sees_every_fsync_of_the_watched_ranks_and_children_and_changes_nothing(tmp_path):
+    from helpers.spawn import can_watch_syscalls
+
+    assert can_watch_syscalls()  # Linux x86_64 / aarch64: the course's grading machines
+    seen = []
+    got = run(_syncs, str(tmp_path), world_size=3, echo=False, watch_ranks=(0, 2),
+              on_syscall=lambda rank, name, fd: seen.append((rank, name)))
+    assert got == [b"data"] * 3  # the calls ran, unchanged
+    assert sorted(seen) == [(0, "fdatasync"), (0, "fsync"), (2, "fdatasync"), (2, "fsync")]
+
+
+def test_watching_unknown_calls_or_ranks_is_refused():
+    with pytest.raises(ValueError, match="watch_syscalls can name fsync, fdatasync"):
+        run(_syncs, "/tmp", world_size=2, on_syscall=print, watch_syscalls=("write",))
+    with pytest.raises(ValueError, match="watch_ranks must be ranks of the pool"):
+        run(_syncs, "/tmp", world_size=2, on_syscall=print, watch_ranks=(2,))

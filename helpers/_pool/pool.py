@@ -13,6 +13,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import sys
 import time
 
@@ -52,6 +53,8 @@ class Options:
     init: bool = True
     show_warnings: bool = False
     plain: bool = False
+    syscalls: tuple = ()  # names of the system calls watched (helpers._pool.syscalls)
+    syscall_ranks: tuple = ()  # the ranks whose calls are watched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +173,7 @@ class RankRecord:
     stack_fd: int
     result_fd: int
     control_fd: int  # the write end of the rank's control pipe; closing it ends the rank
+    notify_fd: int = -1  # the caller's end of the socket the rank's seccomp listener comes on
     pid: int | None = None
     decoder: messages.Decoder = dataclasses.field(default_factory=messages.Decoder)
     joined: bool = False
@@ -179,7 +183,7 @@ class RankRecord:
 
     @property
     def fds(self) -> list[int]:
-        return [self.out_fd, self.err_fd, self.stack_fd, self.result_fd, self.control_fd]
+        return [self.out_fd, self.err_fd, self.stack_fd, self.result_fd, self.control_fd, self.notify_fd]
 
 
 def _forget(sel: selectors.BaseSelector, fileobj) -> None:
@@ -193,11 +197,14 @@ class Pool:
     """Start, watch and stop the ranks of one call of ``run``."""
 
     def __init__(self, fn, args, kwargs, options: Options, server: Server,
-                 rank_args: list | None = None, on_return=None):
+                 rank_args: list | None = None, on_return=None, on_syscall=None, on_start=None):
         import cloudpickle
 
         self.fn_name = getattr(fn, "__name__", type(fn).__name__)
         self.on_return = on_return
+        self.on_syscall = on_syscall
+        self.on_start = on_start
+        self.supervisors: list = []
         try:
             # one job per rank: each rank reads its own and unlinks it before it joins the group,
             # so no rank's code ever finds another rank's arguments
@@ -256,14 +263,18 @@ class Pool:
             layout = Layout(rank, o.world_size, o.nproc_per_node)
             pipes = [os.pipe() for _ in range(4)]  # stdout, stderr, stacks, results: rank writes
             control_r, control_w = os.pipe()  # the caller holds the only write end
+            notify_ours, notify_theirs = socket.socketpair()
             for r, _ in pipes:
                 os.set_blocking(r, False)
             record = RankRecord(rank, Stream(rank, sys.stdout, o.echo, o.show_warnings),
                                 Stream(rank, sys.stderr, o.echo, o.show_warnings),
-                                *(r for r, _ in pipes), control_fd=control_w)
+                                *(r for r, _ in pipes), control_fd=control_w,
+                                notify_fd=notify_ours.detach())
             self.ranks.append(record)
-            passed += [w for _, w in pipes] + [control_r]
-            specs.append({"rank": rank, "job": jobs[rank], "layout_env": layout.environment(
+            passed += [w for _, w in pipes] + [control_r, notify_theirs.detach()]
+            specs.append({"rank": rank, "job": jobs[rank],
+                          "syscalls": list(o.syscalls) if rank in o.syscall_ranks else [],
+                          "layout_env": layout.environment(
                 self.store.port, os.path.basename(self.folder),
                 os.path.join(self.folder, f"node{layout.node}"),
                 os.path.join(self.folder, "errors", f"rank{rank}.json"))})
@@ -279,7 +290,31 @@ class Pool:
             self.sel.register(record.err_fd, selectors.EVENT_READ, ("out", record.stderr))
             self.sel.register(record.result_fd, selectors.EVENT_READ, ("result", record))
         self.sel.register(self.server.sock, selectors.EVENT_READ, ("server", None))
+        if self.on_start is not None:
+            self.on_start(list(pids))
+        for rank in o.syscall_ranks:
+            self._supervise(self.ranks[rank])
         self.t0 = time.monotonic()
+
+    def _supervise(self, r: RankRecord) -> None:
+        """Take rank ``r``'s seccomp listener and watch its calls from a thread of this process."""
+        from helpers._pool.syscalls import Supervisor
+
+        sock = socket.socket(fileno=os.dup(r.notify_fd))
+        try:
+            sock.settimeout(self.options.start_timeout)
+            msg, fds, _, _ = socket.recv_fds(sock, 600, 1)
+        except OSError as e:
+            raise RuntimeError(f"rank {r.rank} did not hand over its system-call watch: {e}") from None
+        finally:
+            sock.close()
+        if msg != b"k" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError(f"rank {r.rank} could not watch its system calls: "
+                               f"{msg[1:].decode('utf-8', 'replace') or 'no answer'}")
+        rank = r.rank
+        self.supervisors.append(Supervisor(fds[0], lambda pid, name, arg: self.on_syscall(rank, name, arg)))
 
     def wait(self) -> list:
         o = self.options
@@ -503,6 +538,8 @@ class Pool:
             _close(r.control_fd)
         self._await_exits(limit=10.0)
         self._kill_the_rest()
+        for supervisor in self.supervisors:
+            supervisor.stop()
         for r in self.ranks:
             for fd in r.fds:
                 _close(fd)

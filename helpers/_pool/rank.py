@@ -41,6 +41,28 @@ def _watchdog(control_fd: int) -> None:
         os._exit(1)
 
 
+def _watch_syscalls(names: list[str], notify_fd: int) -> None:
+    """Before anything the rank was given runs: if the caller watches system calls of this rank,
+    install the seccomp filter (:mod:`helpers._pool.syscalls`) and hand its listener to the
+    caller; then close the socket, so nothing later in this process can write on it."""
+    import socket
+
+    sock = socket.socket(fileno=notify_fd)
+    try:
+        if names:
+            from helpers._pool import syscalls
+
+            try:
+                listener = syscalls.install(names)
+            except OSError as e:
+                sock.sendall(f"e{e}".encode()[:500])
+            else:
+                socket.send_fds(sock, [b"k"], [listener])
+                os.close(listener)
+    finally:
+        sock.close()
+
+
 def rank_main(spec: dict) -> None:
     """Entry point of one rank (forked by the server, or exec'ed where forking is unsafe)."""
     started = time.monotonic()
@@ -55,6 +77,7 @@ def rank_main(spec: dict) -> None:
     threading.Thread(target=_watchdog, args=(fds["control"],), name="helpers.spawn watchdog",
                      daemon=True).start()
 
+    _watch_syscalls(spec.get("syscalls") or [], fds["notify"])
     os.dup2(fds["out"], 1)
     os.dup2(fds["err"], 2)
     os.close(fds["out"])

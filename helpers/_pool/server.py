@@ -33,7 +33,7 @@ import sys
 from helpers._pool import platform
 
 _LEN = struct.Struct(">I")
-FDS_PER_RANK = 5
+FDS_PER_RANK = 6
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "cloudpickle",
             "psutil", "helpers._pool.rank"]
 # torch._dynamo is imported by DDP's constructor and costs about 1.5 s of CPU per rank
@@ -363,7 +363,7 @@ def _serve(sock, request: dict, fds: list[int], children: set[int], folders: set
         for i, spec in enumerate(request["ranks"]):
             rank_fds = fds[FDS_PER_RANK * i:FDS_PER_RANK * (i + 1)]
             spec = {**request["common"], **spec, "server_pid": os.getpid(),
-                    "fds": dict(zip(("out", "err", "stack", "result", "control"), rank_fds))}
+                    "fds": dict(zip(("out", "err", "stack", "result", "control", "notify"), rank_fds))}
             pid = os.fork()
             if pid == 0:  # the rank
                 code = 1

@@ -481,6 +481,56 @@ def forget_hangs() -> None:
     _HUNG.clear()
 
 
+# ----------------------------------------------------------------------------- what ranks print
+# Who prints what is read in the kernel, from each rank's own output pipes (``run(outputs=...)``),
+# never from a capture inside the rank, which the answer running there could rewrite. A harness
+# writes a line holding a secret of the kernel's on both streams right before it calls the
+# answer: what comes after the first such line is what the call (and anything after it) wrote.
+# The answer's cell ran its top level earlier, so its prints there come before and do not count;
+# nothing a rank does can move a line it wrote after the marker to before it.
+
+
+def marker(secret: str) -> str:
+    """The line a harness writes before calling the answer (``secret``: the kernel's nonce)."""
+    return f"[grader {secret}] the answer is called now"
+
+
+def announce(secret: str) -> None:
+    """In a rank, right before the harness calls the answer: write :func:`marker` on both
+    streams, after whatever is still buffered."""
+    import sys
+
+    line = (marker(secret) + "\n").encode()
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        os.write(fd, line)
+
+
+def printed(outputs: list, secret: str) -> list[dict]:
+    """Per rank, ``{"stdout": text, "stderr": text}``: what it wrote after its marker (all it
+    wrote if the marker never came: nothing a rank withholds makes it look quieter)."""
+    line = marker(secret)
+    said = []
+    for out in outputs:
+        streams = {}
+        for name in ("stdout", "stderr"):
+            lines = out.get(name, [])
+            at = next((i for i, text in enumerate(lines) if text == line), None)
+            streams[name] = "\n".join(lines if at is None else lines[at + 1:])
+        said.append(streams)
+    return said
+
+
+def secret() -> str:
+    """A fresh nonce of the kernel's."""
+    import secrets
+
+    return secrets.token_hex(8)
+
+
 # ----------------------------------------------------------------------------- files
 
 

@@ -125,20 +125,53 @@ def save_harness(save_checkpoint, folder: str, step: int, optimizer: str = "sgd"
             "opt": _clone(opt.state_dict())}
 
 
+def expected_after_step(world_size: int, optimizer: str = "sgd") -> tuple[dict, dict]:
+    """The plain model's and the optimizer's state after :func:`save_harness`'s DDP step on
+    ``world_size`` ranks, worked out here, in one process, without any rank: the same initial
+    weights, each rank's own batch, the gradients averaged as DDP averages them, one step. The
+    grading kernel's random state is left as it was."""
+    import torch
+    import torch.nn as nn
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+    opt = _optimizer(optimizer, model.parameters())
+    grads = [torch.zeros_like(p) for p in model.parameters()]
+    for rank in range(world_size):
+        g = torch.Generator().manual_seed(100 + rank)
+        n = 2 + 3 * rank
+        x, y = torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g) + rank
+        model.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        for total, p in zip(grads, model.parameters()):
+            total += p.grad / world_size
+    for p, grad in zip(model.parameters(), grads):
+        p.grad = grad
+    opt.step()
+    return _clone(model.state_dict()), _clone(opt.state_dict())
+
+
 def save_checkpoint_contents(save_checkpoint, world_size: int = 3, optimizer: str = "sgd",
                              step: int = 7) -> None:
     """The file holds the plain model's weights (keys without "module."), the optimizer's
-    state and the step."""
+    state and the step: the file is read here, and compared with the state worked out here
+    (:func:`expected_after_step`), not with anything a rank reports."""
     __tracebackhide__ = True
     import torch
 
     with scratch() as folder:
-        ranks = run_answer(save_harness, save_checkpoint, folder, step, optimizer=optimizer,
-                           name="save_checkpoint", world_size=world_size)
-        path = ranks[0]["calls"][0]["path"]
+        run_answer(save_harness, save_checkpoint, folder, step, optimizer=optimizer,
+                   name="save_checkpoint", world_size=world_size)
+        path = os.path.join(folder, "ckpt-0.pt")
         if not os.path.exists(path):
             fail("No file was written at `path`: rank 0 should torch.save the checkpoint there.")
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - what the learner wrote is what is checked
+            fail(f"The checkpoint at `path` does not load with torch.load(path, weights_only=True): "
+                 f"{type(e).__name__}: {str(e)[:200]}. Save a dict of state dicts and plain values.")
+    model, opt = expected_after_step(world_size, optimizer)
     if not (isinstance(saved, dict) and {"model", "opt", "step"} <= set(saved)):
         fail(f"The checkpoint should be a dict with keys 'model', 'opt' and 'step', not {saved!r:.80}.")
     if list(saved["model"]) != ["weight", "bias"]:
@@ -147,9 +180,10 @@ def save_checkpoint_contents(save_checkpoint, world_size: int = 3, optimizer: st
              "when it loads them.")
     if saved["step"] != step:
         fail(f"'step' is {saved['step']!r}, but save_checkpoint was called with step={step}.")
-    if not same(saved["model"], ranks[0]["model"]):
-        fail("The saved weights are not the model's current weights.")
-    where = first_difference(saved["opt"], ranks[0]["opt"])
+    if first_difference(saved["model"], model, close=True) is not None:
+        fail("The saved weights are not the model's current weights (after the training step): "
+             "save ddp_model.module.state_dict() when save_checkpoint is called.")
+    where = first_difference(saved["opt"], opt, close=True)
     if where is not None:
         fail(f"'opt' is not optimizer.state_dict(): it differs at {where}.")
     passed(f"the file holds the model, the optimizer and the step ({world_size} ranks, {optimizer})")
@@ -261,23 +295,36 @@ def save_checkpoint_one_writer(save_checkpoint, world_size: int = 3) -> None:
 def write_checkpoint(path: str, step: int, optimizer: str = "sgd", on: str | None = None) -> dict:
     """Write a checkpoint as rank 0 of a finished job would (three steps of training), in this process.
 
-    ``on="cuda:0"`` makes it look saved on a GPU (see :func:`helpers.lessons.developer.pretend_saved_on`).
-    Returns what was saved.
+    Every tensor of it is then nudged by noise from a fresh secret of this process's, so that
+    the only way to hold those values is to read the file (no rank can work them out from the
+    course's code). ``on="cuda:0"`` makes it look saved on a GPU (see
+    :func:`helpers.lessons.developer.pretend_saved_on`). Returns what was saved. This process's
+    random state is left as it was.
     """
+    import secrets
+
     import torch
     import torch.nn as nn
 
     from helpers.lessons.developer import pretend_saved_on
 
-    torch.manual_seed(0)
-    model = nn.Linear(4, 1)
-    opt = _optimizer(optimizer, model.parameters())
-    torch.manual_seed(7)
-    x, y = torch.randn(12, 4), torch.randn(12, 1)
-    for _ in range(3):
-        opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = _optimizer(optimizer, model.parameters())
+        torch.manual_seed(7)
+        x, y = torch.randn(12, 4), torch.randn(12, 1)
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    noise = torch.Generator().manual_seed(secrets.randbits(63))
+    tensors = list(model.state_dict().values()) + [t for s in opt.state.values() for t in s.values()
+                                                    if isinstance(t, torch.Tensor) and t.is_floating_point()
+                                                    and t.dim() > 0]
+    with torch.no_grad():
+        for t in tensors:
+            t.add_(torch.randn(t.shape, generator=noise, dtype=t.dtype) * 0.01)
     ckpt = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
     with pretend_saved_on(on) if on else contextlib.nullcontext():
         torch.save(ckpt, path)
@@ -320,6 +367,8 @@ def _loaded(load_checkpoint, world_size, optimizer, on=None, missing=None):
             saved = write_checkpoint(path, step=5, optimizer=optimizer, on=on)
         ranks = run_answer(load_harness, load_checkpoint, path, optimizer, name="load_checkpoint",
                            world_size=world_size)
+    for rank, r in enumerate(ranks):
+        r["rank"] = rank  # the pool's order, not what the rank says
     return saved, ranks
 
 
@@ -468,8 +517,9 @@ def should_stop_weighted(should_stop, losses, counts, thresholds) -> None:
 
 #: How long the grading kernel holds rank 0's save of the last checkpoint of a run, seconds.
 ROTATING_HOLD = 0.4
-#: What the grader's failing write raises (a full disk), recognisable in the feedback.
-INJECTED = "No space left on device (the grader made this write fail on purpose)"
+#: The file-size limit (bytes) the grading kernel puts on rank 0 when its last save begins in
+#: save_rotating_failure: the checkpoint (about 9 KB) cannot be written past it, as on a full disk.
+FULL_DISK_AT = 4096
 
 _OBSERVED: dict[tuple, object] = {}  # (answer's code, run settings) -> observations or CheckFailed
 
@@ -481,53 +531,12 @@ def _fd_path(fd: int) -> str:
         return f"fd {fd}"
 
 
-def _target_path(target) -> str:
-    if isinstance(target, (str, os.PathLike)):
-        return os.path.realpath(os.fspath(target))
-    try:
-        return _fd_path(target.fileno())
-    except (AttributeError, OSError, ValueError):
-        return str(getattr(target, "name", type(target).__name__))
-
-
-@contextlib.contextmanager
-def _watched_writes(log: list, on_half=None, slow: tuple | None = None, fail_write: bool = False):
-    """Every ``torch.save`` to a file is logged (its real path); with ``slow`` its bytes are written
-    in flushed pieces, ``on_half(path)`` is called when half of them are on disk, and with
-    ``fail_write`` the write then raises ``OSError(ENOSPC)`` as a full disk would."""
-    import errno
-
-    from helpers.lessons.races import BufferedSave, hook_torch_save, write_slowly
-
-    class Watched(BufferedSave):
-        def __init__(self, target, original):
-            super().__init__(target, original)
-            self.path = _target_path(target)
-            log.append(self.path)
-
-        def publish(self, data: bytes) -> None:
-            half = len(data) // 2
-            chunks, pause = slow or (2, 0.0)
-            out = self.target if hasattr(self.target, "write") else open(self.path, "wb")
-            try:
-                write_slowly(data[:half], out, max(1, chunks // 2), pause)
-                if on_half is not None:
-                    on_half(self.path)
-                if fail_write:
-                    raise OSError(errno.ENOSPC, INJECTED)
-                write_slowly(data[half:], out, max(1, chunks // 2), pause)
-            finally:
-                if out is not self.target:
-                    out.close()
-
-    with hook_torch_save(Watched):
-        yield log
-
-
 @contextlib.contextmanager
 def _watched_fsyncs(fn, log: list):
-    """Every ``os.fsync``/``os.fdatasync`` in this process is logged as ``(path, size on disk)``,
-    however the answer imported it (``from os import fsync`` included)."""
+    """Where the kernel cannot see a rank's system calls (not Linux): every ``os.fsync`` /
+    ``os.fdatasync`` in this process is logged as ``(path, size on disk)``, however the answer
+    imported it (``from os import fsync`` included). A note made in the rank, so the answer
+    could fake it: on Linux the kernel watches the calls themselves instead."""
     originals = {"fsync": os.fsync, "fdatasync": getattr(os, "fdatasync", None)}
 
     def wrap(real):
@@ -570,48 +579,33 @@ def _listing(folder: str) -> list[str]:
 
 
 def rotating_harness(save_rotating, ckpt_dir: str, steps: list, keep, umask: int,
-                     fail_last: bool = False, first=None, last=None) -> dict:
+                     first=None, last=None, log_fsyncs: bool = False) -> dict:
     """On every rank: ``save_rotating(state, ckpt_dir, step[, keep])`` for each step in turn
     (``keep=None``: the default is used), with this process's umask set to ``umask``.
 
     ``first`` and ``last`` are the grading kernel's gate tokens (:mod:`helpers.grading.watch`),
     put in the state of the first call (every rank) and of the last (``last``: rank 0 only): a
-    save of those states waits for the kernel, which meanwhile watches ckpt_dir and looks at it.
-    With ``fail_last`` rank 0's last write fails half-way as a full disk would (the exception goes
-    on as it would in a real job). Rank 0 also logs every fsync. What the checks decide on is
-    observed in the kernel (the writes, renames and removals, the folder while the last save is
-    held, the files when each rank returned); what is noted here is only for the feedback. No
+    save of those states waits for the kernel, which meanwhile watches ckpt_dir and looks at it
+    (and, in save_rotating_failure, limits rank 0's file size). Everything the checks decide on
+    is observed in the kernel (the writes, renames and removals, rank 0's fsyncs, the folder
+    while the last save is held, the files when each rank returned); what comes back is each
+    call's return value (and, where the kernel cannot watch system calls, rank 0's fsyncs). No
     collective after the answer.
     """
     import torch.distributed as dist
 
-    from helpers.lessons.races import try_load
-
     os.umask(umask)
     rank = dist.get_rank()
-    seen = {"rank": rank, "returned": [], "after": [], "saves": [], "fsyncs": [], "inodes": [],
-            "half": None}
-
-    def at_half(path):
-        seen["half"] = {"target": path, "listing": _listing(ckpt_dir),
-                        "latest": _read_latest(ckpt_dir)}
-
+    seen = {"rank": rank, "returned": [], "fsyncs": []}
     for i, step in enumerate(steps):
         token = first if i == 0 else last if last and i == len(steps) - 1 else None
         args = (_rotating_state(step, token), ckpt_dir, step) + (() if keep is None else (keep,))
-        final = i == len(steps) - 1
-        watch = _watched_writes(seen["saves"], on_half=at_half if final and rank == 0 else None,
-                                fail_write=fail_last and final and rank == 0)
-        with watch, _watched_fsyncs(save_rotating, seen["fsyncs"]):
+        watch = _watched_fsyncs(save_rotating, seen["fsyncs"]) if log_fsyncs and rank == 0 \
+            else contextlib.nullcontext()
+        with watch:
             returned = save_rotating(*args)
         seen["returned"].append(os.path.realpath(os.fspath(returned))
                                 if isinstance(returned, (str, os.PathLike)) else repr(returned)[:80])
-        name = _read_latest(ckpt_dir)
-        loaded = try_load(os.path.join(ckpt_dir, name)) if name else "missing"
-        seen["after"].append({"latest": name, "loads": str(loaded)})
-        if rank == 0:
-            seen["inodes"].append({n: os.stat(os.path.join(ckpt_dir, n)).st_ino
-                                   for n in _listing(ckpt_dir)})
     return seen
 
 
@@ -649,11 +643,13 @@ def _observe(save_rotating, world_size: int, steps: list, keep, umask: int, fail
     __tracebackhide__ = True
     from helpers.grading.answers import CheckFailed, _answer_key
 
+    import resource
     import threading
     import time
 
     from helpers.grading.watch import Gate, Writes
     from helpers.lessons.races import try_load
+    from helpers.spawn import can_watch_syscalls
 
     key = (_answer_key(save_rotating, "save_rotating"), world_size, tuple(steps), keep, umask, fail_last)
     if key not in _OBSERVED:
@@ -673,24 +669,37 @@ def _observe(save_rotating, world_size: int, steps: list, keep, umask: int, fail
                 else:  # created only later: watched from then on
                     threading.Thread(target=follow, daemon=True).start()
 
+            pids, started, limited = [], threading.Event(), []
+            syscalls = can_watch_syscalls()
+
+            def on_start(ranks):
+                pids.extend(ranks)
+                started.set()
+
             def look_half():  # while rank 0's last save is held, before any byte of it is written
                 half.update(listing=_listing(ckpt_dir), latest=_read_latest(ckpt_dir))
+                if fail_last and started.wait(60):  # a full disk, for rank 0 alone: from now on
+                    # no file of its can grow past FULL_DISK_AT bytes (its hard limit too)
+                    resource.prlimit(pids[0], resource.RLIMIT_FSIZE, (FULL_DISK_AT, FULL_DISK_AT))
+                    limited.append(True)
 
             def look(rank):  # as soon as the rank's result arrives
                 name = _read_latest(ckpt_dir)
                 after[rank] = {"latest": name,
                                "loads": str(try_load(os.path.join(ckpt_dir, name)) if name else "missing")}
 
+            watch = dict(on_syscall=lambda rank, call, fd: writes.mark(call)) if syscalls else {}
             with Gate(root, 0.0, name=".first", on_open=watch_ckpt_dir) as first, \
                     Gate(root, ROTATING_HOLD, name=".last", on_open=look_half) as last:
                 try:
                     ranks = run_answer(rotating_harness, save_rotating, ckpt_dir, list(steps), keep, umask,
-                                       fail_last, name="save_rotating", world_size=world_size,
-                                       on_return=look, rank_args=[(first.token(), last.token() if r == 0 else None)
-                                                                  for r in range(world_size)])
+                                       name="save_rotating", world_size=world_size, on_start=on_start,
+                                       on_return=look, log_fsyncs=not syscalls, **watch,
+                                       rank_args=[(first.token(), last.token() if r == 0 else None)
+                                                  for r in range(world_size)])
                     crashed = None
                 except CheckFailed as err:
-                    if not (fail_last and INJECTED in str(err)):
+                    if not limited:
                         _OBSERVED[key] = err
                         raise
                     ranks, crashed = None, str(err)      # the failed write ended the job, as it would
@@ -702,7 +711,9 @@ def _observe(save_rotating, world_size: int, steps: list, keep, umask: int, fail
                               "keep": 3 if keep is None else keep, "umask": umask,
                               "watched": bool(watched), "held": last.opened is not None,
                               "half": half or None, "after": after,
-                              "events": [(n, kind, c) for f, n, kind, c in writes.events if f == ckpt_dir]}
+                              "syscalls": syscalls,
+                              "events": [(n, kind, c) for f, n, kind, c in writes.events
+                                         if f == ckpt_dir or kind == "mark"]}
     found = _OBSERVED[key]
     if isinstance(found, CheckFailed):
         raise found
@@ -847,20 +858,53 @@ def save_rotating_atomic(save_rotating, world_size: int = 3) -> None:
            f"early ({world_size} ranks)")
 
 
+def _synced(seen, name: str) -> tuple[str | None, bool]:
+    """How the checkpoint ``name`` reached ckpt_dir, and whether rank 0 made it durable:
+    ``(temp, synced)``, ``temp`` the name of the file of ckpt_dir first renamed onto ``name``
+    (``name`` itself if it was written in place; None if neither was seen), ``synced`` whether
+    rank 0 made an fsync (or fdatasync) call after that file's last write and before the rename
+    (written in place: before rank 0 wrote any other file). Seen in the kernel: rank 0's calls
+    are marks among the inotify events (a seccomp watch); where the kernel cannot watch system
+    calls, rank 0's own log of them is used instead."""
+    events = seen["events"]
+    temp, end = None, None
+    for i, (n, kind, cookie) in enumerate(events):
+        if n == name and kind == "moved_to" and cookie:
+            j = next((k for k in range(i - 1, -1, -1) if events[k][1] == "moved_from" and events[k][2] == cookie), None)
+            if j is not None:
+                temp, end = events[j][0], j
+                break
+        if n == name and kind == "written":
+            temp = name
+            break
+    if temp is None:
+        return None, False
+    if not seen["syscalls"]:
+        path = os.path.join(seen["ckpt_dir"], temp)
+        return temp, any(p == path for p, _ in seen["ranks"][0]["fsyncs"])
+    last_write = max((k for k, e in enumerate(events) if e[:2] == (temp, "modified")
+                      and (end is None or k < end)), default=-1)
+    if end is None:  # in place: the window closes when rank 0 writes another file
+        end = next((k for k in range(last_write + 1, len(events))
+                    if events[k][1] == "modified" and events[k][0] != temp), len(events))
+    return temp, any(events[k][1] == "mark" for k in range(last_write + 1, end))
+
+
 def save_rotating_durable(save_rotating, world_size: int = 3) -> None:
-    """Rank 0 fsyncs the checkpoint's temp file before renaming it (os.fsync is watched)."""
+    """Rank 0 fsyncs the checkpoint after writing it, before renaming it into place: the grading
+    kernel sees rank 0's fsync calls (a seccomp watch) among the writes and renames in ckpt_dir
+    (inotify), in the order they happened."""
     __tracebackhide__ = True
     seen = _run(save_rotating, world_size)
-    rank0 = seen["ranks"][0]
-    renamed = [t for how, t in _publications(seen, _ckpt_name(seen["steps"][-1])) if how == "renamed" and t]
-    temp = (os.path.join(seen["ckpt_dir"], renamed[0]) if renamed
-            else rank0["half"]["target"] if rank0["half"] else None)
-    synced = [(path, size) for path, size in rank0["fsyncs"] if path == temp]
+    name = _ckpt_name(seen["steps"][-1])
+    temp, synced = _synced(seen, name)
+    if temp is None:
+        fail(f"No write of {name} was seen in ckpt_dir: rank 0 should write each checkpoint there.")
     if not synced:
         fail("Rank 0 never called os.fsync on the checkpoint's temp file before renaming it. os.replace makes "
              "the switch atomic, but without f.flush() and os.fsync(f.fileno()) the bytes may still be only "
              "in memory: after a crash, the new name can point to an empty or partial file.")
-    passed(f"rank 0 fsynced the temp file before the rename ({world_size} ranks)")
+    passed(f"rank 0 fsynced the checkpoint before publishing it ({world_size} ranks)")
 
 
 def save_rotating_mode(save_rotating, world_size: int = 3) -> None:
@@ -898,7 +942,7 @@ def save_rotating_failure(save_rotating, world_size: int = 3) -> None:
         torn = (f"A half-written {new} was left under the final name: write to a temp file, and rename it "
                 "only once it is complete. " if new in extra else "")
         temps = [n for n in extra if n != new]
-        fail(f"Rank 0's write of {new} failed half-way (the grader made the disk full). "
+        fail(f"Rank 0's write of {new} failed half-way (the grader limited its file size, as a full disk would). "
              f"Afterwards ckpt_dir holds {got}; it should hold the earlier checkpoints {earlier} and `latest`, "
              "nothing else. " + torn + (f"Left behind: {temps}: remove the temp file when the write fails "
                                         "(try/finally). " if temps else "")
@@ -918,63 +962,71 @@ def save_rotating_failure(save_rotating, world_size: int = 3) -> None:
 # call adds nothing, and nothing goes through the root logger.
 
 
-def logging_harness(setup_logging, log_dir, calls, tag):
-    """On every rank: a handler on the root logger (what ``logging.basicConfig`` leaves) counts
-    what reaches it; ``setup_logging(rank, log_dir)`` is called ``calls`` times; the last logger
-    returned logs one DEBUG, one INFO and one WARNING record carrying ``tag``. Returns what the
-    rank printed, its file, and the state of the loggers."""
+def logging_harness(setup_logging, secret, log_dir, calls, tag):
+    """On every rank: a handler on the root logger (what ``logging.basicConfig`` leaves) writes
+    to stderr whatever reaches it, marked with the kernel's ``secret``; ``setup_logging(rank,
+    log_dir)`` is called ``calls`` times; the last logger returned logs one DEBUG, one INFO and
+    one WARNING record carrying ``tag``. What the rank printed and wrote to its file is read in
+    the grading kernel; what is returned here is only the answer's claim about its logger."""
     import logging
 
     import torch.distributed as dist
 
-    from helpers.grading.output import captured_output
+    from helpers.grading.answers import announce
 
     rank = dist.get_rank()
-    reached_root = []
-
-    class _RootWatch(logging.Handler):
-        def emit(self, record):
-            reached_root.append(f"{record.name}: {record.getMessage()}"[:200])
-
-    watch = _RootWatch(logging.DEBUG)
+    watch = logging.StreamHandler(open(2, "w", buffering=1, closefd=False))
+    watch.setLevel(logging.DEBUG)
+    watch.setFormatter(logging.Formatter(f"[root {secret}] %(name)s: %(message)s"))
     logging.getLogger().addHandler(watch)
+    announce(secret)
     handlers, kind, name = [], None, None
-    with captured_output() as out:
-        for _ in range(calls):
-            logger = setup_logging(rank, log_dir)
-            handlers.append(len(logger.handlers) if isinstance(logger, logging.Logger) else None)
-        kind, name = type(logger).__name__, getattr(logger, "name", None)
-        if isinstance(logger, logging.Logger):
-            for level, word in ((logging.DEBUG, "debug"), (logging.INFO, "info"),
-                                (logging.WARNING, "warning")):
-                logger.log(level, "%s %s record", tag, word)
-            for handler in logger.handlers:
-                handler.flush()
+    for _ in range(calls):
+        logger = setup_logging(rank, log_dir)
+        handlers.append(len(logger.handlers) if isinstance(logger, logging.Logger) else None)
+    kind, name = type(logger).__name__, getattr(logger, "name", None)
+    if isinstance(logger, logging.Logger):
+        for level, word in ((logging.DEBUG, "debug"), (logging.INFO, "info"),
+                            (logging.WARNING, "warning")):
+            logger.log(level, "%s %s record", tag, word)
+        for handler in logger.handlers:
+            handler.flush()
     logging.getLogger().removeHandler(watch)
-    path = os.path.join(log_dir, f"rank{rank}.log")
-    text = open(path, errors="replace").read()[:20000] if os.path.isfile(path) else None
     return {"rank": rank, "kind": kind, "name": name, "same": logger is logging.getLogger("train"),
-            "propagate": bool(getattr(logger, "propagate", False)),
-            "handlers": handlers, "stdout": out["stdout"], "stderr": out["stderr"], "file": text,
-            "dir": os.path.isdir(log_dir), "root": reached_root[:10]}
+            "propagate": bool(getattr(logger, "propagate", False)), "handlers": handlers}
 
 
 def _logging_records(setup_logging, world_size: int, calls: int, missing: str) -> tuple[list[dict], str]:
-    """``missing``: the part of log_dir that does not exist yet ("" for an existing folder)."""
+    """``missing``: the part of log_dir that does not exist yet ("" for an existing folder).
+    Each rank's record: its claims about the logger, and what the kernel read itself: the rank's
+    ``stdout`` and ``stderr`` after its marker, its ``file`` (``log_dir/rank{r}.log``), the
+    records that reached the root logger's handler (``root``)."""
     __tracebackhide__ = True
-    tag = "check-7f3a"
+    from helpers.grading.answers import printed, secret
+
+    tag, nonce, outputs = "check-7f3a", secret(), []
     with scratch() as folder:
         log_dir = os.path.join(folder, missing) if missing else folder
-        records = run_answer(logging_harness, setup_logging, log_dir, calls, tag,
-                             name="setup_logging", world_size=world_size)
+        records = run_answer(logging_harness, setup_logging, nonce, log_dir, calls, tag,
+                             name="setup_logging", world_size=world_size, outputs=outputs)
+        made = os.path.isdir(log_dir)
+        files = []
+        for rank in range(world_size):
+            path = os.path.join(log_dir, f"rank{rank}.log")
+            files.append(open(path, errors="replace").read()[:20000] if os.path.isfile(path) else None)
+    root = f"[root {nonce}] "
+    for rank, (r, said, text) in enumerate(zip(records, printed(outputs, nonce), files)):
+        reached = [line[len(root):] for line in said["stderr"].splitlines() if line.startswith(root)]
+        said["stderr"] = "\n".join(line for line in said["stderr"].splitlines() if not line.startswith(root))
+        r.update(said, rank=rank, file=text, root=reached[:10])
     for r in records:
         if r["kind"] != "Logger" or r["name"] != "train" or not r["same"]:
             got = f"a {r['kind']} named {r['name']!r}" if r["kind"] else "nothing"
             fail(f"setup_logging() returned {got} on rank {r['rank']}. It should configure and "
                  "return the logger named \"train\": `logger = logging.getLogger(\"train\")` ... "
                  "`return logger`.")
-        if not r["dir"]:
-            fail(f"After setup_logging() on rank {r['rank']}, log_dir did not exist. Create it when "
+        if not made:
+            fail("After setup_logging() ran on every rank, log_dir did not exist. Create it when "
                  "it is missing: os.makedirs(log_dir, exist_ok=True) (exist_ok: every rank does it).")
         if r["root"] or r["propagate"]:
             seen = f" ({r['root'][0]!r})" if r["root"] else ""
@@ -1059,14 +1111,15 @@ def setup_logging_twice(setup_logging, world_size: int = 3) -> None:
 # function on rank 0 only, deciding at each call, with or without a process group.
 
 
-def rank_zero_only_harness(rank_zero_only):
+def rank_zero_only_harness(rank_zero_only, secret):
     """On every rank of a pool started *without* a process group: the decorator is applied
     while neither ``RANK`` nor a process group exists (as at import time); the wrapped function
     is then called with neither, with ``RANK`` set (before ``init_process_group``), and after
-    ``dist.init_process_group``. Returns what each call returned or raised."""
+    ``dist.init_process_group``. Returns what each call returned or raised (the answer's claim);
+    whether the function ran is also seen in the kernel: it prints a line with ``secret``."""
     import torch.distributed as dist
 
-    from helpers.grading.answers import plain
+    from helpers.grading.answers import announce, plain
 
     rank = int(os.environ["RANK"])
     # what launchers set; all of it absent while decorating, as in a process no launcher started
@@ -1077,9 +1130,11 @@ def rank_zero_only_harness(rank_zero_only):
     def log_metrics(step, scale=1):
         """Write one line of metrics (the decorated function of the test)."""
         ran.append(step)
+        os.write(1, f"[ran {secret}] {step}\n".encode())
         return step * scale
 
     out = {"rank": rank, "phases": {}}
+    announce(secret)
     try:
         wrapped = rank_zero_only(log_metrics)
     except Exception as e:  # noqa: BLE001 - what the answer raised is the result
@@ -1112,9 +1167,18 @@ _PHASES = {"neither": "with neither RANK in the environment nor a process group 
 
 
 def _decorated(rank_zero_only, world_size: int) -> list[dict]:
+    """Each rank's claims, with ``ran``: the steps the kernel saw the function print for."""
     __tracebackhide__ = True
-    records = run_answer(rank_zero_only_harness, rank_zero_only, name="rank_zero_only",
-                         world_size=world_size, init_process_group=False)
+    from helpers.grading.answers import printed, secret
+
+    nonce, outputs = secret(), []
+    records = run_answer(rank_zero_only_harness, rank_zero_only, nonce, name="rank_zero_only",
+                         world_size=world_size, init_process_group=False, outputs=outputs)
+    mark = f"[ran {nonce}] "
+    for rank, (r, said) in enumerate(zip(records, printed(outputs, nonce))):
+        r["rank"] = rank
+        r["ran"] = {int(line[len(mark):]) for line in said["stdout"].splitlines()
+                    if line.startswith(mark) and line[len(mark):].isdigit()}
     for r in records:
         if r.get("decorating", "").startswith("NotImplementedError"):
             fail("rank_zero_only() is not written yet: replace `raise NotImplementedError()` with your code.")
@@ -1141,12 +1205,13 @@ def _phase(records, phase: str, step: int) -> None:
             fail(f"Called {when}, the decorated function raised {got['raised']} on rank "
                  f"{r['rank']}.{hint}")
         should_run = phase == "neither" or r["rank"] == 0
-        if should_run and (not got.get("ran") or got.get("value") != step * 10):
+        ran = step in r["ran"]  # seen in the kernel: the function printed its line
+        if should_run and (not ran or not got.get("ran") or got.get("value") != step * 10):
             fail(f"Called {when}, the decorated function did not run on rank {r['rank']} "
                  f"(it returned {got.get('value')!r}). "
                  + ("A process with neither RANK nor a process group is rank 0: it runs the function."
                     if phase == "neither" else "Rank 0 runs the function and returns its value."))
-        if not should_run and (got.get("ran") or got.get("value") is not None):
+        if not should_run and (ran or got.get("ran") or got.get("value") is not None):
             fail(f"Called {when}, the decorated function ran on rank {r['rank']} (it returned "
                  f"{got.get('value')!r}). On every rank but 0 the wrapper must return None without "
                  "calling the function.")

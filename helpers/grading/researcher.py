@@ -135,28 +135,44 @@ def pooled_mean_errors(pooled_mean, cases=("the lengths differ",)) -> None:
 # ----------------------------------------------------------------------------- gather_unique
 
 
-def _gather_in_rank(gather_unique, n, shuffle, pred_dtype, label_dtype):
+def _gather_in_rank(gather_unique, preds, labels, idx):
+    """This rank's shard only (its own predictions, labels and dataset indices)."""
+    out = gather_unique(preds, labels, idx)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return {"returned": type(out).__name__}
+    return {"preds": out[0], "labels": out[1]}
+
+
+def _shards(n, shuffle, world_size, pred_dtype, label_dtype):
+    """A data set of ``n`` samples with predictions and labels drawn from a fresh secret here,
+    and each rank's shard as DistributedSampler deals it (padded): the full answer never leaves
+    this kernel, and no rank can work it out without gathering."""
+    import secrets
+
     import torch
     from torch.utils.data.distributed import DistributedSampler
 
-    idx = torch.tensor(list(DistributedSampler(range(n), shuffle=shuffle, seed=7)))
-    preds = (idx.double() * 0.5 + 0.25).to(getattr(torch, pred_dtype))  # sample i: 0.5 i + 0.25
-    labels = (idx % 3 == 0).to(getattr(torch, label_dtype))
-    out = gather_unique(preds, labels, idx)
-    if not (isinstance(out, tuple) and len(out) == 2):
-        return {"shard": len(idx), "returned": type(out).__name__}
-    return {"shard": len(idx), "preds": out[0], "labels": out[1]}
+    g = torch.Generator().manual_seed(secrets.randbits(63))
+    preds = torch.rand(n, generator=g, dtype=torch.float64).to(getattr(torch, pred_dtype))
+    dtype = getattr(torch, label_dtype)
+    labels = (torch.rand(n, generator=g) < 0.4).to(dtype) if dtype == torch.bool \
+        else torch.randint(0, 3, (n,), generator=g).to(dtype)
+    shards = []
+    for rank in range(world_size):
+        idx = torch.tensor(list(DistributedSampler(range(n), num_replicas=world_size, rank=rank,
+                                                   shuffle=shuffle, seed=7)))
+        shards.append((preds[idx].clone(), labels[idx].clone(), idx))
+    return preds, labels, shards
 
 
 def _gather(gather_unique, n, shuffle, world_size, pred_dtype, label_dtype) -> None:
     __tracebackhide__ = True
     import torch
 
-    ranks = run_answer(_gather_in_rank, gather_unique, n, shuffle, pred_dtype, label_dtype,
-                       name="gather_unique", world_size=world_size)
-    want = torch.arange(n)
-    p_want = (want.double() * 0.5 + 0.25).to(getattr(torch, pred_dtype))
-    l_want = (want % 3 == 0).to(getattr(torch, label_dtype))
+    p_want, l_want, shards = _shards(n, shuffle, world_size, pred_dtype, label_dtype)
+    ranks = run_answer(_gather_in_rank, gather_unique, name="gather_unique", world_size=world_size,
+                       rank_args=shards)
+    shard = len(shards[0][2])
     for rank, r in enumerate(ranks):
         if "returned" in r:
             fail(f"gather_unique returned a {r['returned']} on rank {rank}: return a tuple (preds, labels).")
@@ -164,10 +180,10 @@ def _gather(gather_unique, n, shuffle, world_size, pred_dtype, label_dtype) -> N
         if not (isinstance(p, torch.Tensor) and isinstance(l, torch.Tensor)):
             fail(f"gather_unique returned ({type(p).__name__}, {type(l).__name__}) on rank {rank}: "
                  "return two tensors.")
-        if len(p) == r["shard"] < n:
-            fail(f"Rank {rank} got back only its own {r['shard']} samples; gather every rank's shard first.")
+        if len(p) == shard < n:
+            fail(f"Rank {rank} got back only its own {shard} samples; gather every rank's shard first.")
         if len(p) > n:
-            fail(f"Got {len(p)} predictions for a data set of {n}: the {world_size * r['shard'] - n} "
+            fail(f"Got {len(p)} predictions for a data set of {n}: the {world_size * shard - n} "
                  "padded duplicates added by DistributedSampler were kept; keep each original index once.")
         if len(p) != n or len(l) != n:
             fail(f"Expected {n} predictions and labels, got {len(p)} and {len(l)}.")
@@ -199,119 +215,130 @@ def gather_unique_dtypes(gather_unique, n: int = 9, world_size: int = 3, shuffle
 # ----------------------------------------------------------------------------- atomic_save
 
 
-def _roundtrip_in_rank(atomic_save, folder):
-    """Each rank in its own folder: save step 1, read it back, save step 2 over it, read again."""
-    import torch
-    import torch.distributed as dist
+# Everything here is observed in the grading kernel: the files in each folder (read here once the
+# ranks are done), every write, rename and removal in it (an inotify watch made here before the
+# ranks start: helpers.grading.watch.Writes), and the file at ``path`` while a save is held open
+# half-way (the object saved holds a gate token, which cannot be pickled until this kernel
+# releases it: helpers.grading.watch.Gate). Nothing a rank reports is believed.
 
-    path = os.path.join(folder, f"rank{dist.get_rank()}", "ckpt.pt")
-    os.makedirs(os.path.dirname(path))
-    seen = []
-    for step in (1, 2):
-        atomic_save({"step": step, "w": torch.full((3,), float(step))}, path)
-        if not os.path.exists(path):
-            seen.append(None)
-            continue
-        try:
-            seen.append(torch.load(path, weights_only=True))
-        except Exception as e:  # noqa: BLE001 - reported as what the reader found
-            seen.append(f"{type(e).__name__}: {e}"[:200])
-    return seen
+
+def _saves_in_rank(atomic_save, path, steps, tokens=()):
+    """Each call of the answer saves ``{"step": s, "w": ...}`` to ``path`` (given to this rank
+    alone), the i-th with ``tokens[i]`` (a gate token) in the object if there is one."""
+    import torch
+
+    for i, step in enumerate(steps):
+        obj = {"step": step, "w": torch.full((4096,), float(step))}
+        if i < len(tokens):
+            obj["gate"] = tokens[i]
+        atomic_save(obj, path)
+
+
+def _holds(got, step: int) -> bool:
+    import torch
+
+    return (isinstance(got, dict) and got.get("step") == step
+            and torch.equal(got.get("w", torch.zeros(0)), torch.full((4096,), float(step))))
+
+
+def _read(path: str):
+    """``(what torch.load read, or None; how it went: "ok", "missing" or "torn (...)")``."""
+    import torch
+
+    from helpers.lessons.races import try_load
+
+    outcome = try_load(path)
+    if outcome != "ok":
+        return None, f"{outcome} ({(outcome.detail or '')[:80]})" if outcome == "torn" else str(outcome)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True), "ok"
+    except Exception as e:  # noqa: BLE001 - replaced while it was read: torn after all
+        return None, f"torn ({type(e).__name__})"
+
+
+def _published_in_place(events, name: str) -> bool:
+    """Whether ``name`` was ever written in place (opened for writing and closed under its own
+    name), rather than only renamed onto, in the watched folder's ``events``."""
+    return any(n == name and kind == "written" for n, kind in events)
 
 
 def atomic_save_roundtrip(atomic_save, world_size: int = 3) -> None:
-    """atomic_save writes a file torch.load can read back, and overwrites an existing one
-    (each rank in its own folder)."""
+    """atomic_save writes a file torch.load can read back (rank 0: one save into an empty
+    folder), and replaces an existing one (every other rank: two saves); the grader reads each
+    file once the ranks are done."""
     __tracebackhide__ = True
-    import torch
-
     with scratch() as folder:
-        ranks = run_answer(_roundtrip_in_rank, atomic_save, folder, name="atomic_save",
-                           world_size=world_size)
-    for seen in ranks:
-        for step, got in zip((1, 2), seen):
-            if got is None:
-                fail(f"After atomic_save(obj, path) there is no file at path (step {step}).")
-            if isinstance(got, str):
-                fail(f"Loading path after saving step {step} failed: {got}.")
-            if not (isinstance(got, dict) and got.get("step") == step
-                    and torch.equal(got.get("w", torch.zeros(0)), torch.full((3,), float(step)))):
-                fail(f"Loading path after saving step {step} gave {got!r:.100}.")
+        paths = [os.path.join(folder, f"rank{rank}", "ckpt.pt") for rank in range(world_size)]
+        for path in paths:
+            os.mkdir(os.path.dirname(path))
+        plans = [[1]] + [[1, 2]] * (world_size - 1)
+        run_answer(_saves_in_rank, atomic_save, name="atomic_save", world_size=world_size,
+                   rank_args=list(zip(paths, plans)))
+        found = [_read(path) for path in paths]
+    for plan, (got, how) in zip(plans, found):
+        step = plan[-1]
+        if how == "missing":
+            fail(f"After atomic_save(obj, path) there is no file at path (step {step}).")
+        if how != "ok" or not _holds(got, step):
+            what = how if how != "ok" else repr(got)[:100]
+            fail(f"Loading path after saving step 1 gave {what}." if step == 1 else
+                 f"After a second atomic_save over an existing file, loading path gave {what}; it "
+                 "should hold the new object (step 2).")
     passed("atomic_save writes a file torch.load reads back, and replaces an old one")
 
 
-def _readers_in_rank(atomic_save, folder, saves):
-    """Rank 0 calls atomic_save ``saves`` times with slow writes; the other ranks load the path
-    in a loop until rank 0 says it is done. Returns what each reader found."""
-    import shutil
-    import threading
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    from helpers.lessons.races import try_load, watch_saves, write_slowly
-
-    rank = dist.get_rank()
-    path = os.path.join(folder, "ckpt.pt")
-    if rank == 0:
-        torch.save({"step": 0, "w": torch.zeros(4096)}, path)  # the old checkpoint
-    dist.barrier()
-    if rank == 0:
-        def slow_copyfile(src, dst, *args, **kwargs):  # a slow disk or network filesystem
-            with open(src, "rb") as f:
-                write_slowly(f.read(), dst)
-            return dst
-
-        original = shutil.copyfile
-        shutil.copyfile = slow_copyfile
-        try:
-            with watch_saves(chunks=8, pause=0.05):
-                for step in range(1, saves + 1):
-                    atomic_save({"step": step, "w": torch.full((4096,), float(step))}, path)
-        finally:
-            shutil.copyfile = original
-        for reader in range(1, dist.get_world_size()):
-            dist.send(torch.ones(1), dst=reader)  # "done"
-        return {"rank": 0}
-    done = threading.Event()
-    threading.Thread(target=lambda: (dist.recv(torch.zeros(1), src=0), done.set()), daemon=True).start()
-    bad, good = [], 0
-    while not done.is_set():
-        outcome = try_load(path)
-        if outcome == "ok":
-            good += 1
-        else:
-            bad.append(f"{outcome} ({outcome.detail[:80]})")
-        time.sleep(0.001)
-    return {"rank": rank, "bad": bad[:3], "n_bad": len(bad), "good": good}
-
-
 def atomic_save_no_torn_reads(atomic_save, saves: int = 1, world_size: int = 3) -> None:
-    """While rank 0 calls atomic_save ``saves`` times with slow writes, the other ranks load the
-    path in a loop: no read may see a partial file, and the path ends up holding the last save."""
+    """While atomic_save is held half-way through each of ``saves`` saves (the grader holds the
+    pickling of the object open), the grader reads ``path``: it must load the previous complete
+    checkpoint; and ``path`` itself is never written in place, only renamed onto (seen by an
+    inotify watch); at the end it holds the last save. ``world_size`` is kept for the test cells'
+    calls: one process saves."""
     __tracebackhide__ = True
     import torch
 
-    with scratch() as folder:
-        ranks = run_answer(_readers_in_rank, atomic_save, folder, saves, name="atomic_save",
-                           world_size=world_size)
-        path = os.path.join(folder, "ckpt.pt")
+    from helpers.grading.watch import Gate, Writes
+
+    with scratch() as folder, Writes(folder) as writes:
+        os.mkdir(os.path.join(folder, "rank0"))
+        path = os.path.join(folder, "rank0", "ckpt.pt")
+        torch.save({"step": 0, "w": torch.zeros(4096)}, path)  # the old checkpoint
+        writes.watch(os.path.dirname(path))
+        during: dict[int, tuple] = {}
+
+        def look(step):  # while save `step` is held, before any byte of the object is out
+            return lambda: during.setdefault(step, _read(path))
+
+        gates = [Gate(folder, 0.3, name=f".gate{s}", on_open=look(s)).__enter__() for s in range(1, saves + 1)]
         try:
-            final = torch.load(path, weights_only=True)
-        except Exception as e:  # noqa: BLE001 - reported to the learner
-            final = f"{type(e).__name__}: {e}"
-    for r in ranks[1:]:
-        if r["n_bad"]:
-            fail(f"Rank {r['rank']} loaded the checkpoint while atomic_save was writing it and found "
-                 f"it {r['bad'][0]} ({r['n_bad']} of {r['n_bad'] + r['good']} reads). The reader saw "
-                 "bytes being written to path itself: write the whole file under a temporary name in "
-                 "the same folder, then os.replace() it onto path in one step (copying the temporary "
-                 "file onto path is also a write in place).")
-    if not (isinstance(final, dict) and final.get("step") == saves):
+            run_answer(_saves_in_rank, atomic_save, path, list(range(1, saves + 1)), name="atomic_save",
+                       world_size=1, init_process_group=False, rank_args=[([g.token() for g in gates],)])
+        finally:
+            for g in gates:
+                g.__exit__(None, None, None)
+        writes.read()
+        events = [(n, kind) for f, n, kind, _ in writes.events if f == os.path.dirname(path)]
+        final = _read(path)
+    for step in range(1, saves + 1):
+        if step not in during:
+            fail(f"atomic_save never saved the object it was given (call {step}): save obj itself "
+                 "with torch.save.")
+        got, how = during[step]
+        if how != "ok" or not _holds(got, step - 1):
+            found = "no file at all" if how == "missing" else (
+                f"a file that does not load ({how})" if how != "ok" else "a file that is not the previous save")
+            fail(f"While atomic_save was writing (save {step} of {saves}), the grader loaded path and found "
+                 f"{found}. A reader must see the previous complete file until the new one is complete: write "
+                 "the whole file under a temporary name in the same folder, then os.replace() it onto path in "
+                 "one step.")
+    if _published_in_place(events, "ckpt.pt"):
+        fail("path was written in place (opened for writing under its own name): a reader at that moment sees "
+             "a partial file. Copying a finished temporary file onto path (shutil.copyfile) is such a write too. "
+             "Write the temporary file, then os.replace() it onto path.")
+    got, how = final
+    if how != "ok" or not _holds(got, saves):
         fail(f"After {saves} call(s) of atomic_save the path should hold the last object saved "
-             f"(step {saves}), but loading it gave {final!r:.100}.")
-    passed(f"no reader saw a partial file during {saves} slow save(s)")
+             f"(step {saves}), but loading it gave {how if how != 'ok' else repr(got)[:100]}.")
+    passed(f"no reader could see a partial file during {saves} save(s)")
 
 
 def _leftovers_in_rank(atomic_save, folder, saves):
@@ -321,7 +348,6 @@ def _leftovers_in_rank(atomic_save, folder, saves):
     os.makedirs(mine)
     for step in range(saves):
         atomic_save({"step": step}, os.path.join(mine, "model.pt"))
-    return dist.get_rank()
 
 
 def atomic_save_no_leftovers(atomic_save, saves: int = 3, world_size: int = 3) -> None:
@@ -335,13 +361,16 @@ def atomic_save_no_leftovers(atomic_save, saves: int = 3, world_size: int = 3) -
                    world_size=world_size)
         for rank in range(world_size):
             mine = os.path.join(folder, f"rank{rank}")
-            left = sorted(set(os.listdir(mine)) - {"model.pt"})
+            left = sorted(set(os.listdir(mine)) - {"model.pt"}) if os.path.isdir(mine) else []
             if left:
                 fail(f"After {saves} calls of atomic_save the folder also holds {left}: remove (or "
                      "rename onto path) every temporary file you create.")
-            if "model.pt" not in os.listdir(mine):
+            if not os.path.isdir(mine) or "model.pt" not in os.listdir(mine):
                 fail(f"After {saves} calls of atomic_save(obj, path) there is no file at path.")
-            got = torch.load(os.path.join(mine, "model.pt"), weights_only=True)
+            try:
+                got = torch.load(os.path.join(mine, "model.pt"), weights_only=True)
+            except Exception as e:  # noqa: BLE001 - reported to the learner
+                got = f"{type(e).__name__}: {e}"
             if got != {"step": saves - 1}:
                 fail(f"After {saves} saves the path holds {got!r:.60}, not the last object saved.")
     passed(f"after {saves} saves only the checkpoint is left ({world_size} folders)")
@@ -394,10 +423,11 @@ PLANS = {
 }
 
 
-def mean_harness(cls, plans):
-    """On every rank: a fresh ``cls()``, then this rank's plan, each method call watched for
-    collectives (:func:`helpers.lessons.logs.count_collectives`). Returns, per call, its value
-    or what it raised, and the collectives it ran."""
+def mean_harness(cls, plan):
+    """On every rank: a fresh ``cls()``, then this rank's own plan (the only one it is given:
+    the others' samples are not in its process to be added up instead of reduced), each method
+    call watched for collectives (:func:`helpers.lessons.logs.count_collectives`). Returns, per
+    call, its value or what it raised, and the collectives it ran."""
     import torch.distributed as dist
 
     from helpers.grading.answers import plain
@@ -409,7 +439,7 @@ def mean_harness(cls, plans):
     except Exception as e:  # noqa: BLE001 - reported to the learner
         return {"rank": rank, "constructing": f"{type(e).__name__}: {e}"[:300], "log": []}
     log = []
-    for op, *args in plans[rank]:
+    for op, *args in plan:
         method = getattr(metric, op, None)
         if not callable(method):
             return {"rank": rank, "missing": op, "log": log}
@@ -460,14 +490,16 @@ def _mean_records(cls, plan: str) -> tuple[list[dict], list[dict]]:
 
     plans = PLANS[plan]
     try:
-        records = run_answer(mean_harness, cls, plans, name="DistributedMean", kind="class",
-                             world_size=len(plans))
+        records = run_answer(mean_harness, cls, name="DistributedMean", kind="class",
+                             world_size=len(plans), rank_args=[(plan,) for plan in plans])
     except CheckFailed as e:
         if "never finished" not in str(e) and "was still running" not in str(e):
             raise
         fail(f"{e} compute() is a collective: every rank must reach its all_reduce at every "
              "call, a rank with no sample of its own too. Reduce first, then decide (about "
              "ValueError as well) from the totals, which every rank then holds.")
+    for rank, r in enumerate(records):
+        r["rank"] = rank  # the pool's order, not what the rank says
     for r in records:
         if r.get("constructing", "").startswith("NotImplementedError"):
             fail("DistributedMean is not written yet: replace `raise NotImplementedError()` with "

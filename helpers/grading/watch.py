@@ -24,7 +24,7 @@ __all__ = ["Writes", "Gate", "GateToken"]
 
 _IN_MODIFY, _IN_CLOSE_WRITE, _IN_OPEN, _IN_MOVED_FROM, _IN_MOVED_TO, _IN_DELETE = (
     0x00000002, 0x00000008, 0x00000020, 0x00000040, 0x00000080, 0x00000200)
-_KINDS = ((_IN_CLOSE_WRITE, "written"), (_IN_MOVED_FROM, "moved_from"),
+_KINDS = ((_IN_MODIFY, "modified"), (_IN_CLOSE_WRITE, "written"), (_IN_MOVED_FROM, "moved_from"),
           (_IN_MOVED_TO, "moved_to"), (_IN_DELETE, "deleted"))
 _IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
 _EVENT = struct.Struct("iIII")
@@ -40,7 +40,8 @@ class Writes:
         self.folder = folder
         self.counts: dict[str, int] = {}
         #: every event in the order it happened: (folder, name, kind, cookie), kind one of
-        #: "written" (closed after a write), "moved_from", "moved_to", "deleted"
+        #: "modified" (bytes written), "written" (closed after a write), "moved_from",
+        #: "moved_to", "deleted", or "mark" (folder None: :meth:`mark`'s label as the name)
         self.events: list[tuple[str, str, str, int]] = []
         self._folders: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -84,22 +85,33 @@ class Writes:
     def read(self) -> None:
         """Take in every event queued so far."""
         with self._lock:
-            while True:
-                try:
-                    data = os.read(self.fd, 65536)
-                except BlockingIOError:
-                    return
-                at = 0
-                while at + _EVENT.size <= len(data):
-                    wd, mask, cookie, size = _EVENT.unpack_from(data, at)
-                    name = data[at + _EVENT.size: at + _EVENT.size + size].rstrip(b"\0").decode("utf-8", "replace")
-                    folder = self._folders.get(wd, "")
-                    if mask & (_IN_CLOSE_WRITE | _IN_MOVED_TO) and folder == self.folder:
-                        self.counts[name] = self.counts.get(name, 0) + 1
-                    for bit, kind in _KINDS:
-                        if mask & bit:
-                            self.events.append((folder, name, kind, cookie))
-                    at += _EVENT.size + size
+            self._drain()
+
+    def _drain(self) -> None:
+        """Take in every queued event (the caller holds the lock)."""
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            at = 0
+            while at + _EVENT.size <= len(data):
+                wd, mask, cookie, size = _EVENT.unpack_from(data, at)
+                name = data[at + _EVENT.size: at + _EVENT.size + size].rstrip(b"\0").decode("utf-8", "replace")
+                folder = self._folders.get(wd, "")
+                if mask & (_IN_CLOSE_WRITE | _IN_MOVED_TO) and folder == self.folder:
+                    self.counts[name] = self.counts.get(name, 0) + 1
+                for bit, kind in _KINDS:
+                    if mask & bit:
+                        self.events.append((folder, name, kind, cookie))
+                at += _EVENT.size + size
+
+    def mark(self, label: str) -> None:
+        """Note ``label`` in :attr:`events` after every event that has happened by now (a system
+        call a rank is making, seen while it is held: what came before it is in the queue)."""
+        with self._lock:
+            self._drain()
+            self.events.append((None, label, "mark", 0))
 
     def count(self, name: str) -> int:
         self.read()
