@@ -231,15 +231,15 @@ def course_folder(instructor: str) -> Path:
     return Path(pwd.getpwnam(instructor).pw_dir) / COURSE_FOLDER
 
 
-def setup_course_folder(instructor: str) -> Path:
-    """The instructor's nbgrader course root: the course's nbgrader_config.py and solutions/
-    (nbgrader's source folder), owned by the instructor, in a home only they can read."""
+def setup_course_folder(instructor: str, course: Path = COURSE) -> Path:
+    """The instructor's nbgrader course root: the nbgrader_config.py and solutions/ (nbgrader's
+    source folder) of the checkout ``course``, owned by the instructor, in a home only they can read."""
     dest = course_folder(instructor)
     if dest.exists():
         return dest
     dest.mkdir()
-    shutil.copy2(COURSE / "nbgrader_config.py", dest)
-    shutil.copytree(COURSE / "solutions", dest / "solutions",
+    shutil.copy2(course / "nbgrader_config.py", dest)
+    shutil.copytree(course / "solutions", dest / "solutions",
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     pw = pwd.getpwnam(instructor)
     for path in [dest, *dest.rglob("*")]:
@@ -378,7 +378,9 @@ class Hub:
     """A running hub: ``jupyterhub`` as a child process, stopped with everything it started.
 
     ``port``: the public port (None: a free one, and new ones if it is taken before the proxy
-    binds it); ``course``: the checkout no learner may read (checked before anything starts)."""
+    binds it); ``course``: the checkout it serves (the instructor's course folder is made from its
+    solutions/), which no learner may read (checked before anything starts). ``python -m hub``
+    serves the checkout it runs from."""
 
     def __init__(self, root: Path = DEFAULT_ROOT, env: Path = DEFAULT_ENV, port: int | None = None,
                  instructor: str = INSTRUCTOR, learners: list[str] = LEARNERS, course: Path = COURSE):
@@ -416,7 +418,7 @@ class Hub:
         dirs = prepare(self.root, self.instructor, self.learners)
         build_env(self.env, quiet=True)
         write_everyone_config(self.root, dirs["exchange"])
-        setup_course_folder(self.instructor)
+        setup_course_folder(self.instructor, self.course)
         proxy_command()
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:

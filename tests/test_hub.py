@@ -27,10 +27,11 @@ Beside it: the hub refuses to start while a learner can read the checkout's solu
 hub, and leaves that process alone).
 
 The users (unique names) and the instance's folder are created for the test and removed after
-it, whatever happens; the hub listens on 127.0.0.1 on free ports. If the checkout is readable by
-the learners (a clone in a world-readable folder), it is made private (chmod go-rwx) for the
-module and given its mode back afterwards. Creating users needs root: elsewhere the test is
-skipped saying so (as `make hub` does).
+it, whatever happens; the hub listens on 127.0.0.1 on free ports. Every hub of this module serves
+a clone of the checkout where only root can read (as the README tells an instructor to do), made
+for the module and removed after it: the real checkout's permissions are never changed, since
+other tests, run beside this one, read it as unprivileged users. Creating users needs root:
+elsewhere the test is skipped saying so (as `make hub` does).
 """
 
 from __future__ import annotations
@@ -151,18 +152,41 @@ def learners_of(names: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def private_checkout(people):
-    """The checkout as `make hub` wants it: no learner can read its solutions/ or tests/. A
-    checkout the learners can read is made private (chmod go-rwx) and given its mode back after."""
+    """A clone of the checkout where only root can read, as `make hub` wants it (no learner can
+    read its solutions/ or tests/): a folder of root's, mode 0700, under /tmp, removed afterwards
+    whatever happens. It holds the checkout's tracked files as they are in the working tree, the
+    course's package folders whole (the hub's environment is fingerprinted from helpers/ and
+    course_tools/: a serve from the clone finds the module's environment up to date) and a link to
+    hub/node_modules (the proxy runs as root). No .venv: the hub's servers run from its own
+    environment. The checkout itself is never chmod-ed: other tests read it meanwhile as
+    unprivileged users (nobody's Python, sandboxed kernels)."""
     names, _ = people
     mode = ROOT.stat().st_mode & 0o7777
-    exposed = course_hub.exposed_checkout(learners_of(names), ROOT)
-    if exposed:
-        os.chmod(ROOT, mode & ~0o077)
+    course_hub.proxy_command()
+    clone = Path(tempfile.mkdtemp(prefix="one-rank-private-clone-", dir="/tmp"))
     try:
-        assert not course_hub.exposed_checkout(learners_of(names), ROOT), "chmod go-rwx was not enough"
-        yield bool(exposed)
+        st = clone.stat()
+        assert st.st_uid == 0 and st.st_mode & 0o777 == 0o700, oct(st.st_mode)
+        tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                                 check=True).stdout.decode().split("\0")
+        for rel in filter(None, tracked):
+            if (ROOT / rel).is_file():  # not a tracked file deleted in the working tree
+                (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / rel, clone / rel)
+        for pkg in ("helpers", "course_tools"):
+            shutil.copytree(ROOT / pkg, clone / pkg, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        (clone / "hub" / "node_modules").symlink_to(ROOT / "hub" / "node_modules")
+        fingerprint = subprocess.run(
+            [sys.executable, "-c", "from hub import course_hub as h; print(h.COURSE, h._env_fingerprint())"],
+            cwd=clone, capture_output=True, text=True, timeout=120)
+        assert fingerprint.stdout.split() == [str(clone), course_hub._env_fingerprint()], \
+            fingerprint.stdout + fingerprint.stderr
+        assert course_hub.exposed_checkout(learners_of(names), clone) == {}, "the clone is readable"
+        yield clone
     finally:
-        os.chmod(ROOT, mode)
+        shutil.rmtree(clone, ignore_errors=True)
+        assert ROOT.stat().st_mode & 0o7777 == mode, "the checkout's mode changed during the module"
 
 
 class _Listening:
@@ -186,7 +210,8 @@ class _Listening:
 def hub(hub_env, people, private_checkout):
     names, _ = people
     root = Path(tempfile.mkdtemp(prefix="one-rank-hub-test-", dir="/tmp"))
-    server = course_hub.Hub(root, hub_env, None, names["instructor"], learners_of(names))
+    server = course_hub.Hub(root, hub_env, None, names["instructor"], learners_of(names),
+                            course=private_checkout)
     os.environ["COURSE_HUB_EXPOSE_APP"] = "1"
     # the first three starts each get one port that is already taken: the public one, then the
     # hub's, then the proxy's API (free_port is asked in that order); the fourth gets free ones
@@ -346,15 +371,16 @@ def test_stop_leaves_alone_a_pid_that_is_not_the_hub(tmp_path):
 
 
 def test_serve_and_stop_from_the_command_line(people, hub_env, private_checkout):
-    """`python -m hub serve` (the command `make hub` runs) starts the hub; `python -m hub stop`
-    from another process stops it, serve exits 0, and nothing of the instance is left."""
+    """`python -m hub serve` (the command `make hub` runs), run from a clone only root can read,
+    starts the hub; `python -m hub stop` from another process stops it, serve exits 0, and nothing
+    of the instance is left."""
     names, _ = people
     root = Path(tempfile.mkdtemp(prefix="one-rank-hub-cli-", dir="/tmp"))
     log = open(root / "serve.log", "w+")
     serve = subprocess.Popen(
         [sys.executable, "-m", "hub", "--root", str(root), "--env", str(hub_env), "--instructor",
          names["instructor"], "--learners", ",".join(learners_of(names)), "serve"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=private_checkout, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     inst = {}
     try:
         info = root / "state" / "instance.json"
@@ -395,7 +421,7 @@ def test_serve_on_a_taken_port_says_so(people, hub_env, private_checkout):
         serve = subprocess.run(
             [sys.executable, "-m", "hub", "--root", str(root), "--env", str(hub_env), "--instructor",
              names["instructor"], "--learners", ",".join(learners_of(names)), "serve", "--port",
-             str(taken.ports[0])], cwd=ROOT, capture_output=True, text=True, timeout=300)
+             str(taken.ports[0])], cwd=private_checkout, capture_output=True, text=True, timeout=300)
         assert serve.returncode == 1, serve
         assert f"port {taken.ports[0]} on 127.0.0.1 is taken by another program: choose another" \
             in serve.stderr, serve
@@ -550,6 +576,8 @@ def test_a_class_on_the_hub(hub, people, browser, hub_env):
     assert not page.evaluate("() => jupyterapp.commands.hasCommand('nbgrader:open-formgrader')")
     resp = page.request.get(f"{hub.url}/user/{spy}/formgrader")
     assert resp.status == 404, f"a learner's server serves the formgrader: {resp.status}"
+    # the checkout this hub serves (a clone only root can read), not the one the tests run from
+    assert hub.course != ROOT and (hub.course / "solutions" / EXERCISES).is_file(), hub.course
     submitted = [p.name for p in (exchange / "inbound").iterdir()]
     assert len(submitted) == 3, submitted
     theirs = next(n for n in submitted if n.startswith(victim + "+"))
@@ -560,8 +588,8 @@ def test_a_class_on_the_hub(hub, people, browser, hub_env):
         f"print(tries(os.listdir, {str(exchange / 'inbound')!r}))\n"
         f"print(tries(os.listdir, {instructor_home!r}))\n"
         f"print(tries(os.listdir, {str(course / 'solutions')!r}))\n"
-        f"print(tries(os.listdir, {str(ROOT / 'solutions')!r}))\n"
-        f"print(tries(open, {str(ROOT / 'solutions' / EXERCISES)!r}))\n"), hub_env)
+        f"print(tries(os.listdir, {str(hub.course / 'solutions')!r}))\n"
+        f"print(tries(open, {str(hub.course / 'solutions' / EXERCISES)!r}))\n"), hub_env)
     assert probe.stdout.split() == ["denied"] * 5, probe.stdout + probe.stderr
     assert len(theirs.split("+")[-1]) >= 8, f"a submission's name is guessable: {theirs}"
     timings["3 isolation"] = time.monotonic() - t3
