@@ -29,7 +29,7 @@ help:
 	@echo "make learner-bundle  the learners' copy of the course (no solutions/) in build/learner"
 	@echo "make bench      benchmarks (pool start-up, grading time, lint time)"
 	@echo "make site       the course as a website in build/site (notebooks executed, cached in build/site-cache)"
-	@echo "make hub        the course on a JupyterHub at 127.0.0.1 (as root; USERS=1 creates its Unix users, HUB_PORT=N)"
+	@echo "make hub        the course on a JupyterHub at 127.0.0.1 (as root; USERS=1 creates its Unix users, HUB_PORT=N, HUB_PYTHON=python3.11)"
 	@echo "make hub-stop   stop that hub and every server it started"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -111,14 +111,19 @@ $(SITE_NODE): site/package.json site/package-lock.json | node-deps
 site: $(STAMP) $(SITE_NODE)
 	$(BIN)/python -m course_tools.site
 
-# The course on a JupyterHub (hub/): its shared environment is built from Debian's python3.11
-# (world-readable, unlike a Python under /root), its proxy is hub/package-lock.json's.
+# The course on a JupyterHub (hub/): its shared environment is built from a Python 3.11 every
+# user can run (HUB_PYTHON: Debian's /usr/bin/python3.11 by default, installed with apt-get when
+# missing; CI passes actions/setup-python's), its proxy is hub/package-lock.json's.
 HUB_ROOT ?= /opt/one-rank-hub
+HUB_PYTHON ?= $(or $(COURSE_HUB_PYTHON),/usr/bin/python3.11)
+export COURSE_HUB_PYTHON := $(HUB_PYTHON)
 HUB_ARGS = --root $(HUB_ROOT) --env $(HUB_ROOT)/venv
 hub-deps: $(STAMP) | node-deps
 	@if [ "$$(id -u)" != 0 ]; then echo "make hub-deps: skipped, $$($(BIN)/python -c 'from hub.course_hub import NOT_ROOT; print(NOT_ROOT)')"; exit 0; fi; \
-	if [ ! -x /usr/bin/python3.11 ] || ! /usr/bin/python3.11 -c 'import ensurepip' 2>/dev/null; then \
-		apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv >/dev/null; fi; \
+	if ! "$(HUB_PYTHON)" -c 'import ensurepip' 2>/dev/null; then \
+		if [ "$(HUB_PYTHON)" = /usr/bin/python3.11 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv >/dev/null; \
+		else echo "make hub-deps: $(HUB_PYTHON) is not a Python 3.11 with venv: give one every user can run, make hub HUB_PYTHON=/path/to/python3.11"; exit 1; fi; fi; \
 	$(BIN)/python -m hub $(HUB_ARGS) env && $(BIN)/python -c 'from hub.course_hub import proxy_command; proxy_command()'
 
 hub: hub-deps

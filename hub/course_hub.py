@@ -3,7 +3,8 @@
     python -m hub env                  build (or update) the course's shared environment
     python -m hub users [--create]     show, or (as root) create, the course's Unix users
     python -m hub serve [--port N]     start the hub on 127.0.0.1 (Ctrl-C stops it and every server)
-    python -m hub stop                 stop a hub started by `serve` (same --root)
+    python -m hub stop                 stop a hub started by `serve` (same --root); exits 1 when
+                                       there is none, or when the recorded pid is not that hub
 
 An instance lives in one folder (``--root``, default /opt/one-rank-hub, world-traversable):
 
@@ -15,15 +16,19 @@ An instance lives in one folder (``--root``, default /opt/one-rank-hub, world-tr
     instructor/    Jupyter config only the instructor's server reads (formgrader, course folder)
 
 The hub must run as root: it checks passwords with PAM and starts each user's server as that user.
+It refuses to start while a learner can read the checkout it is started from (``solutions/`` and
+``tests/`` hold the answers): ``chmod go-rwx`` the checkout, or clone it where only root can read.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -67,15 +72,33 @@ def is_root() -> bool:
 
 
 def _env_fingerprint() -> str:
-    """What the environment is built from: requirements, the course's package, this file."""
+    """What the environment is built from: requirements, the course's package, and the recipe
+    (build_env and the extension lists it applies). The rest of this file (the CLI, the instance)
+    is not part of it, so a change there does not rebuild an environment every hub shares."""
     h = hashlib.sha256()
-    files = [COURSE / "requirements.txt", COURSE / "pyproject.toml", Path(__file__)]
+    files = [COURSE / "requirements.txt", COURSE / "pyproject.toml"]
     for pkg in ("helpers", "course_tools"):
         files += sorted(p for p in (COURSE / pkg).rglob("*")
                         if p.is_file() and "__pycache__" not in p.parts)
     for f in files:
         h.update(str(f.relative_to(COURSE)).encode() + b"\0" + f.read_bytes())
+    recipe = [inspect.getsource(build_env), inspect.getsource(_temp_copy_of_package),
+              json.dumps([LEARNER_EXTENSIONS, INSTRUCTOR_LAB_PLUGINS, LAB_OVERRIDES], sort_keys=True)]
+    h.update("\0".join(recipe).encode())
     return h.hexdigest()
+
+
+def _runs_for_everyone(py: str) -> str | None:
+    """None if an unprivileged user (nobody) can run ``py``; else what went wrong. Every user's
+    server runs from a venv of ``py``, so a Python under a private home cannot serve the class."""
+    if not is_root():
+        return None
+    try:
+        proc = subprocess.run([py, "-c", "import encodings, ensurepip"], user=65534, group=65534,
+                              extra_groups=[], capture_output=True, text=True, cwd="/", timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+    return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["failed"])[-1]
 
 
 def build_env(env: Path = DEFAULT_ENV, quiet: bool = False) -> Path:
@@ -91,7 +114,14 @@ def build_env(env: Path = DEFAULT_ENV, quiet: bool = False) -> Path:
     py = shutil.which(BASE_PYTHON) or BASE_PYTHON
     if not os.access(py, os.X_OK):
         raise SystemExit(f"the hub's environment is built from {BASE_PYTHON}, which is missing: "
-                         "install Debian's python3.11 and python3.11-venv, or set COURSE_HUB_PYTHON")
+                         "install Debian's python3.11 and python3.11-venv, or point COURSE_HUB_PYTHON "
+                         "(make hub HUB_PYTHON=...) at a Python 3.11 every user can run")
+    why = _runs_for_everyone(py)
+    if why:
+        raise SystemExit(f"the hub's environment is built from {py}, but an unprivileged user cannot "
+                         f"run it ({why}): every learner's server runs from it. Use a Python 3.11 "
+                         "outside any private home (Debian's /usr/bin/python3.11, or a toolcache under "
+                         "/opt) with COURSE_HUB_PYTHON=/path/to/python3.11 (make hub HUB_PYTHON=...)")
     env.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(env.parent, 0o755)
     if not (env / "bin" / "python").exists():
@@ -201,15 +231,15 @@ def course_folder(instructor: str) -> Path:
     return Path(pwd.getpwnam(instructor).pw_dir) / COURSE_FOLDER
 
 
-def setup_course_folder(instructor: str) -> Path:
-    """The instructor's nbgrader course root: the course's nbgrader_config.py and solutions/
-    (nbgrader's source folder), owned by the instructor, in a home only they can read."""
+def setup_course_folder(instructor: str, course: Path = COURSE) -> Path:
+    """The instructor's nbgrader course root: the nbgrader_config.py and solutions/ (nbgrader's
+    source folder) of the checkout ``course``, owned by the instructor, in a home only they can read."""
     dest = course_folder(instructor)
     if dest.exists():
         return dest
     dest.mkdir()
-    shutil.copy2(COURSE / "nbgrader_config.py", dest)
-    shutil.copytree(COURSE / "solutions", dest / "solutions",
+    shutil.copy2(course / "nbgrader_config.py", dest)
+    shutil.copytree(course / "solutions", dest / "solutions",
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     pw = pwd.getpwnam(instructor)
     for path in [dest, *dest.rglob("*")]:
@@ -217,13 +247,88 @@ def setup_course_folder(instructor: str) -> Path:
     return dest
 
 
+#: What of the course's checkout no learner may read: the solutions and hidden tests, and the
+#: test suite (its right answers to every exercise).
+PRIVATE_PARTS = ("solutions", "tests")
+
+_READABLE_SH = ('for p do if [ -r "$p" ] && { [ ! -d "$p" ] || [ -x "$p" ]; }; then '
+                'printf "%s\\n" "$p"; fi; done')
+
+
+def readable_by(user: str, paths: list[Path]) -> list[Path]:
+    """The ``paths`` Unix user ``user`` can read (a folder: list), tried as that user, so that
+    their groups, ACLs and every parent folder's search bit count (as root)."""
+    pw = pwd.getpwnam(user)
+    proc = subprocess.run(["/bin/sh", "-c", _READABLE_SH, "sh", *map(str, paths)],
+                          user=pw.pw_uid, group=pw.pw_gid, extra_groups=os.getgrouplist(user, pw.pw_gid),
+                          env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not check what {user} can read: {proc.stderr.strip()}")
+    return [Path(line) for line in proc.stdout.splitlines() if line]
+
+
+def exposed_checkout(learners: list[str], course: Path = COURSE) -> dict[str, list[Path]]:
+    """Per learner, what of ``course``'s private parts (:data:`PRIVATE_PARTS`: each folder and
+    every file in it) they can read; empty when none of them can read any."""
+    paths = []
+    for part in PRIVATE_PARTS:
+        folder = course / part
+        if folder.exists():
+            paths += [folder, *sorted(f for f in folder.rglob("*") if f.is_file())]
+    found = {}
+    for user in learners:
+        seen = readable_by(user, paths)
+        if seen:
+            found[user] = seen
+    return found
+
+
+def exposure_message(exposed: dict[str, list[Path]], course: Path = COURSE) -> str:
+    users = ", ".join(exposed)
+    first = next(iter(exposed.values()))
+    more = f" and {len(first) - 1} more" if len(first) > 1 else ""
+    return (f"the course's checkout {course} is readable by the class: {users} can read {first[0]}{more} "
+            f"({' and '.join(p + '/' for p in PRIVATE_PARTS)} hold the answers and hidden tests). "
+            f"Make it private before serving the class: `sudo chmod go-rwx {course}` (no learner's "
+            "server uses the checkout: they run from the hub's own environment), or clone the course "
+            "where only root can read it (under /root, say); then run `make hub` again.")
+
+
 # ============================================================================ an instance
 
 
 def free_port() -> int:
+    """A port free on 127.0.0.1 now. Another process may take it before the hub binds it:
+    :meth:`Hub.start` then tries again with new ports (:data:`PORT_ATTEMPTS`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: Starts tried when a port chosen by free_port() was taken before the hub or its proxy bound it.
+PORT_ATTEMPTS = 5
+#: How jupyterhub and configurable-http-proxy report a port already taken.
+_BIND_FAILED = ("EADDRINUSE", "Address already in use")
+
+
+def _port_taken(log: str, ports: dict[str, int]) -> tuple[str, int | None] | None:
+    """(role, port) if the log reports one of ``ports`` taken (role "a", port None if it does not
+    say which), else None. Only the lines reporting the failure are read: the others name every
+    port the hub uses."""
+    lines = [line for line in log.splitlines()
+             if any(marker in line for marker in (*_BIND_FAILED, "Failed to bind"))]
+    if not lines:
+        return None
+    for role, port in ports.items():
+        if any(re.search(rf":{port}(?!\d)", line) for line in lines):
+            return role, port
+    return "a", None
+
+
+class PortTaken(RuntimeError):
+    def __init__(self, port: int | None, role: str, log: str):
+        super().__init__(f"the {role} port {port} was taken before the hub could bind it")
+        self.port, self.role, self.log = port, role, log
 
 
 def prepare(root: Path, instructor: str, learners: list[str]) -> dict:
@@ -270,21 +375,35 @@ def write_everyone_config(root: Path, exchange: Path) -> Path:
 
 
 class Hub:
-    """A running hub: ``jupyterhub`` as a child process, stopped with everything it started."""
+    """A running hub: ``jupyterhub`` as a child process, stopped with everything it started.
+
+    ``port``: the public port (None: a free one, and new ones if it is taken before the proxy
+    binds it); ``course``: the checkout it serves (the instructor's course folder is made from its
+    solutions/), which no learner may read (checked before anything starts). ``python -m hub``
+    serves the checkout it runs from."""
 
     def __init__(self, root: Path = DEFAULT_ROOT, env: Path = DEFAULT_ENV, port: int | None = None,
-                 instructor: str = INSTRUCTOR, learners: list[str] = LEARNERS):
-        self.root, self.env = Path(root), Path(env)
+                 instructor: str = INSTRUCTOR, learners: list[str] = LEARNERS, course: Path = COURSE):
+        self.root, self.env, self.course = Path(root), Path(env), Path(course)
         self.instructor, self.learners = instructor, list(learners)
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.fixed_port = port
+        self.port: int | None = port
         self.id = secrets.token_hex(8)
         self.token = secrets.token_hex(32)
         self.proc: subprocess.Popen | None = None
+        self.retries: list[str] = []  # why a start was tried again (a port taken meanwhile)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def log_path(self) -> Path:
         return self.root / "state" / "jupyterhub.log"
+
+    @property
+    def info_path(self) -> Path:
+        return self.root / "state" / "instance.json"
 
     def start(self, timeout: float = 120) -> "Hub":
         if not is_root():
@@ -293,39 +412,89 @@ class Hub:
         if missing:
             raise SystemExit(f"the course's users {missing} do not exist: create them with "
                              "`sudo make hub USERS=1` (or useradd + chpasswd yourself)")
+        exposed = exposed_checkout(self.learners, self.course)
+        if exposed:
+            raise SystemExit(exposure_message(exposed, self.course))
         dirs = prepare(self.root, self.instructor, self.learners)
         build_env(self.env, quiet=True)
         write_everyone_config(self.root, dirs["exchange"])
-        setup_course_folder(self.instructor)
+        setup_course_folder(self.instructor, self.course)
         proxy_command()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once(dirs["state"], timeout)
+            except PortTaken as e:
+                if self.fixed_port is not None and e.port == self.fixed_port:
+                    raise SystemExit(f"port {e.port} on 127.0.0.1 is taken by another program: choose "
+                                     "another (make hub HUB_PORT=N, python -m hub serve --port N), or "
+                                     "leave it out to get a free one") from None
+                self.retries.append(str(e))
+                if attempt == PORT_ATTEMPTS:
+                    raise RuntimeError(f"{e} in each of {PORT_ATTEMPTS} starts:\n{e.log}") from None
+                say(f"{e} (another program started at the same time): starting again on other ports")
+        raise AssertionError("unreachable")
+
+    def _start_once(self, state: Path, timeout: float) -> "Hub":
+        """One start of jupyterhub on ports chosen now; :class:`PortTaken` if one of them was
+        taken before it was bound (the hub or the proxy exited saying so)."""
+        self.port = self.fixed_port or free_port()
+        ports = {"public": self.port, "hub API": free_port(), "proxy API": free_port()}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "VIRTUAL_ENV"))}
         env.update(COURSE_HUB_ROOT=str(self.root), COURSE_HUB_ENV=str(self.env),
-                   COURSE_HUB_PORT=str(self.port), COURSE_HUB_API_PORT=str(free_port()),
-                   COURSE_HUB_PROXY_API_PORT=str(free_port()), COURSE_HUB_ID=self.id,
+                   COURSE_HUB_PORT=str(ports["public"]), COURSE_HUB_API_PORT=str(ports["hub API"]),
+                   COURSE_HUB_PROXY_API_PORT=str(ports["proxy API"]), COURSE_HUB_ID=self.id,
                    COURSE_HUB_SERVICE_TOKEN=self.token, CONFIGPROXY_AUTH_TOKEN=secrets.token_hex(32),
                    PATH=f"{self.env / 'bin'}:/usr/local/bin:/usr/bin:/bin")
-        (dirs["state"] / "instance.json").write_text(json.dumps(
-            {"url": self.url, "id": self.id, "token": self.token, "pid": None}))
         log = open(self.log_path, "ab")
+        log_start = log.tell()
         self.proc = subprocess.Popen([str(self.env / "bin" / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")],
-                                     cwd=dirs["state"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     cwd=state, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
-        (dirs["state"] / "instance.json").write_text(json.dumps(
-            {"url": self.url, "id": self.id, "token": self.token, "pid": self.proc.pid}))
+        self._write_info()
         deadline = time.monotonic() + timeout
         while True:
-            if self.proc.poll() is not None:
+            # configurable-http-proxy logs a port taken and goes on running without it; the hub
+            # exits: either way the log says so, and this start is ended
+            taken = _port_taken(self._log_since(log_start), ports)
+            if taken or self.proc.poll() is not None:
+                self.stop()
+                if taken:
+                    raise PortTaken(taken[1], taken[0], self._log_since(log_start)[-3000:])
                 raise RuntimeError(f"jupyterhub exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                self.api("GET", "/hub/api/", timeout=5)
+                # our own hub, not whatever else answers on that port: the service token must work
+                self.api("GET", "/hub/api/user", timeout=5)
                 return self
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"the hub did not answer in {timeout} s:\n{self.log_tail()}")
-            time.sleep(0.25)  # polling the hub's API, not synchronising on time
+            time.sleep(0.25)  # polling the hub's API and its log, not synchronising on time
+
+    def _write_info(self) -> None:
+        """state/instance.json: how `python -m hub stop` finds this hub, and checks it is this hub."""
+        tmp = self.info_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"url": self.url, "id": self.id, "token": self.token,
+                                   "pid": self.proc.pid if self.proc else None}))
+        os.replace(tmp, self.info_path)
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _end_process_group(self) -> None:
+        """The proxy the hub started, if the hub exited without stopping it."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def api(self, method: str, path: str, body=None, timeout: float = 30):
         import urllib.request
@@ -353,11 +522,7 @@ class Hub:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
         killed = kill_all(self.leftovers())
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the proxy, if the hub left it
-            except (ProcessLookupError, PermissionError):
-                pass
+        self._end_process_group()
         return killed
 
     def log_tail(self, n: int = 80) -> str:
@@ -441,35 +606,76 @@ def _serve_cmd(args) -> int:
         say(f"the course's hub: {hub.url}  (instructor {args.instructor}, learners "
             f"{', '.join(args.learners)}; log {hub.log_path}). Ctrl-C or `make hub-stop` stops it.")
         while not stopping and hub.proc.poll() is None:
-            time.sleep(0.5)
+            time.sleep(0.5)  # waiting for Ctrl-C, SIGTERM or `python -m hub stop`
     finally:
-        killed = hub.stop()
-        left = hub.leftovers()
-        say("stopped" + (f"; killed what was left: {killed}" if killed else "; nothing left running"))
-        (hub.root / "state" / "instance.json").unlink(missing_ok=True)
+        if hub.proc is not None:  # started (a refusal before that started nothing)
+            killed = hub.stop()
+            left = hub.leftovers()
+            say("stopped" + (f"; killed what was left: {killed}" if killed else "; nothing left running"))
+            hub.info_path.unlink(missing_ok=True)
     return 1 if left else 0
 
 
-def _stop_cmd(args) -> int:
-    info = args.root / "state" / "instance.json"
-    if not info.exists():
-        say(f"no hub running from {args.root}")
-        return 0
-    inst = json.loads(info.read_text())
-    if inst.get("pid"):
-        try:
-            os.kill(inst["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+def hub_process(inst: dict):
+    """The process recorded in an instance.json if it is that instance's jupyterhub (its
+    COURSE_HUB_ID is the instance's id), else None: the pid may have been reused since."""
     import psutil
 
     try:
-        psutil.Process(inst["pid"]).wait(timeout=60)
-    except (psutil.Error, TypeError):
+        proc = psutil.Process(int(inst["pid"]))
+        if proc.environ().get("COURSE_HUB_ID") == inst["id"] and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except (psutil.Error, KeyError, TypeError, ValueError):
         pass
-    killed = kill_all(instance_processes(inst["id"]))
-    say("stopped" + (f"; killed what was left: {killed}" if killed else ""))
+    return None
+
+
+def _stop_cmd(args) -> int:
+    if not is_root():
+        say(f"cannot stop the hub: {NOT_ROOT}")
+        return 1
+    import psutil
+
+    info = args.root / "state" / "instance.json"
+    if not info.exists():
+        say(f"nothing to stop: no hub was started from {args.root} ({info} is missing)")
+        return 1
+    inst = json.loads(info.read_text())
+    hub = hub_process(inst)
+    pid = inst.get("pid")
+    if hub is None:
+        try:
+            alive = psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, TypeError, ValueError):
+            alive = False
+        why = (f"process {pid} is not this hub (no COURSE_HUB_ID={inst.get('id')} in its environment): "
+               "its pid was reused; it was left alone" if alive else
+               f"the hub recorded there (pid {pid}) is not running")
+    else:
+        hub.send_signal(signal.SIGTERM)
+        try:
+            hub.wait(timeout=60)
+        except psutil.TimeoutExpired:
+            os.killpg(hub.pid, signal.SIGKILL)  # its own session (start_new_session): the proxy too
+            hub.wait(timeout=30)
+    # what the instance left running (servers, kernels, the proxy): found by its id, not by pid
+    killed = kill_all(instance_processes(inst["id"])) if inst.get("id") else []
+    if hub is None:
+        info.unlink(missing_ok=True)
+        if killed:
+            say(f"{why}; killed what it had left running: {killed}")
+            return 0
+        say(f"nothing to stop from {args.root}: {why}. Removed the stale {info}.")
+        return 1
+    say(f"stopped the hub (pid {hub.pid})" + (f"; killed what was left: {killed}" if killed else ""))
     return 0
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give the learners' user names, separated by commas")
+    return names
 
 
 def main(argv=None) -> int:
@@ -477,7 +683,9 @@ def main(argv=None) -> int:
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="the instance's folder")
     ap.add_argument("--env", type=Path, default=DEFAULT_ENV, help="the course's shared environment")
     ap.add_argument("--instructor", default=INSTRUCTOR)
-    ap.add_argument("--learners", nargs="+", default=LEARNERS)
+    # one argument, comma-separated: a list of words would swallow the command that follows it
+    ap.add_argument("--learners", type=_names, default=LEARNERS, metavar="NAME,NAME,...",
+                    help=f"the learners' Unix users (default {','.join(LEARNERS)})")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("env", help="build or update the course's environment")
     u = sub.add_parser("users", help="show, or create (--create, as root), the course's users")
