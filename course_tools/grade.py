@@ -3,10 +3,13 @@
 Run in the course folder (where ``nbgrader_config.py`` is). Each submission is graded by
 nbgrader's own autograde converter, with the course's execute step and sandbox, in a private
 copy of the course made for it alone: its submitted files, the assignment's non-notebook source
-files, the course's ``nbgrader_config.py`` and a private SQLite gradebook holding the
+files, the course's ``nbgrader_config.py`` (without ``c.CourseDirectory.db_url``: the real
+gradebook's URL and password stay here) and a private SQLite gradebook holding the
 assignment's definition (notebooks, cells, locked sources) copied from the real one. Nothing
-else travels, so the same task runs in a thread here (``--workers N``) or on any worker of a
-Dask distributed cluster (``--scheduler tcp://HOST:PORT``) that has the course's environment.
+else travels, so the same task runs in a thread here (``--workers N``, default
+:func:`slots_allowed`) or on any worker of a Dask distributed cluster
+(``--scheduler tcp://HOST:PORT``) that has the course's environment. A task reports its
+submission's CPU time, the sandboxed kernel and ranks counted by their cgroups.
 
 What comes back is, per notebook, the notebook as the execute step left it. This process is the
 only one that writes the real gradebook: for each result it runs nbgrader's autograde converter
@@ -15,9 +18,11 @@ on the course's own ``submitted/`` folder, exactly as ``nbgrader autograde --stu
 penalty of ``LateSubmissionPlugin``, ``SaveAutoGrades``, the ``autograded/`` files), except
 that its execute step hands back the notebook the worker executed (:class:`Replay`, which
 checks first that the worker executed this very notebook). So the rows are nbgrader's, written
-by one writer (with SQLite, a second run on the same gradebook is refused), and a Ctrl-C never
-leaves a half-written submission: it is deferred while one is written, running tasks are
-stopped (their kernels and every process they started end), and a rerun grades only what is
+by one writer (with SQLite, a second run on the same gradebook is refused), and no stop leaves a
+half-written submission: Ctrl-C, SIGTERM and SIGHUP are held while one is written (running
+tasks are then stopped, their kernels and every process they started end), and a write becomes
+visible (its ``autograded/`` folder moved into place) only once it is whole and checked, so even
+a SIGKILL mid-write leaves a submission the next run grades again. A rerun grades only what is
 missing (``--force`` regrades everything).
 """
 
