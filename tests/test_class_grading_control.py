@@ -140,7 +140,8 @@ class Paused:
         deadline = time.monotonic() + timeout  # a safety net: the tasks run first
         while self.thread.is_alive() and proc.poll() is None and time.monotonic() < deadline:
             self.thread.join(0.2)
-        assert self.said, ("the writer never paused", proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+        ended = proc.poll() is not None
+        assert self.said, ("the writer never paused", proc.poll(), proc.stderr.read() if ended else "")
         return self.said[0]
 
     def go(self, proc: subprocess.Popen):
@@ -213,6 +214,7 @@ def test_sigterm_during_a_write_is_held_and_a_killed_write_is_graded_again(tmp_p
     assert f"graded {other}: 3 of 3" in last.stderr
     assert gradebook_rows(sqlite(course), ["s1", "s2"]) == EXPECTED
     assert submission_rows(course, other) == 1 and autograded(course) == ["s1", "s2"]
+    assert not (course / ".autograded-partial").exists(), "the killed write's staging folder is gone"
     psutil.wait_procs(marked(mark), timeout=10)
     assert marked(mark) == []
 
