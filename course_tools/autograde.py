@@ -61,7 +61,7 @@ from helpers.lint.feedback import add_lint_feedback
 from course_tools import budget as _budget
 from course_tools import sandbox as _sandbox
 
-__all__ = ["CourseExecute", "TrustedMetadata", "HideHiddenTests"]
+__all__ = ["CourseExecute", "TrustedMetadata", "HideHiddenTests", "cpu_seconds"]
 
 #: What the sandboxed kernel keeps of this process's environment (and every COURSE_* variable).
 _KERNEL_ENV = {"LANG", "LC_ALL", "NBGRADER_EXECUTION", "PYTHONWARNINGS", "OMP_NUM_THREADS"}
@@ -69,6 +69,47 @@ _KERNEL_ENV = {"LANG", "LC_ALL", "NBGRADER_EXECUTION", "PYTHONWARNINGS", "OMP_NU
 
 #: (assignment, notebook) -> (what is wrong or None, seconds): one preflight per autograde run.
 _PREFLIGHT: dict[tuple, tuple[str | None, float]] = {}
+
+
+class _Cpu:
+    """What the notebooks graded in this process used, counted by their cgroups (see :func:`cpu_seconds`)."""
+
+    cgroups = 0.0  # CPU seconds of every notebook's cgroup (its kernel, ranks, every process in it)
+    reaped = 0.0  # how much of it reached this process's RUSAGE_CHILDREN while the notebook ran
+    exact = True  # False once a notebook was graded without a cgroup that could be read
+
+
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _account(group, children_before: float) -> None:
+    """Add what ``group`` (removed) used: its exact CPU time, less what of it this process was
+    charged already by waiting for its processes (counted once, not twice)."""
+    if group is not None and group.cpu_used is not None:
+        _Cpu.cgroups += group.cpu_used
+        _Cpu.reaped += _children_cpu() - children_before
+    else:
+        _Cpu.exact = False
+
+
+def cpu_seconds() -> tuple[float, bool]:
+    """(CPU seconds this process and everything it started have used, whether that is exact).
+
+    ``getrusage`` alone undercounts grading: the sandboxed kernel and its ranks live in their
+    own PID namespace and are killed rather than waited for, so most of their time never
+    reaches this process's ``RUSAGE_CHILDREN``. Each notebook's cgroup counts them exactly
+    (:meth:`course_tools.budget.Group.cpu_seconds`), so the total is this process's own time,
+    its children's outside those groups, and the groups'. Without readable cgroups it is the
+    ``getrusage`` figure, a lower bound (``exact`` is then False)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    total = own.ru_utime + own.ru_stime + _children_cpu() - _Cpu.reaped + _Cpu.cgroups
+    return total, _Cpu.exact
 
 
 def _error(ename: str, evalue: str) -> NotebookNode:
@@ -264,6 +305,7 @@ class CourseExecute(Execute):
         self._stopped = None
         self._kernel_family: dict[int, psutil.Process] = {}
         self._use_sandbox = self._sandbox_wanted()
+        children_cpu = _children_cpu()
         self._group = self._budget_group()
         self._seen = (0, 0)  # the group's OOM kills and refused forks before the current cell
         self._tmpfs_scratch = self._use_sandbox and _sandbox.sized_tmpfs()
@@ -288,8 +330,10 @@ class CourseExecute(Execute):
                 if not self._group.remove():
                     self.log.error("The cgroup of %s could not be removed: %s", self._who, self._group.folders)
                 if peak is not None:
-                    self.log.info("Budget of %s: peak memory %s of %s", self._who, _budget.gib(peak),
-                                  _budget.gib(self.budget_memory_bytes))
+                    self.log.info("Budget of %s: peak memory %s of %s, CPU %s s", self._who, _budget.gib(peak),
+                                  _budget.gib(self.budget_memory_bytes),
+                                  "?" if self._group.cpu_used is None else f"{self._group.cpu_used:.1f}")
+            _account(self._group, children_cpu)
             if original_path is None:
                 meta.pop("path", None)
             else:
@@ -428,6 +472,7 @@ class CourseExecute(Execute):
         cmd = [sys.executable, "-c", script]
         self._who = "(preflight: can the sandbox run helpers)"
         self._private = tempfile.mkdtemp(prefix="course-grading-")
+        children_cpu = _children_cpu()
         self._group = self._budget_group()
         self._use_sandbox = self._sandbox_wanted()
         self._tmpfs_scratch = self._use_sandbox and _sandbox.sized_tmpfs()
@@ -453,6 +498,7 @@ class CourseExecute(Execute):
         finally:
             if self._group is not None:
                 self._group.remove()
+            _account(self._group, children_cpu)
             _sandbox.remove_tree(self._private)
         if code == 0 and "POOL [2.0, 2.0]" in text:
             return None

@@ -31,6 +31,10 @@ from dataclasses import dataclass, field
 __all__ = ["Budget", "Group", "create", "join_command", "gib"]
 
 CONTROLLERS = ("memory", "pids", "cpu")
+#: Controllers the group joins for accounting only, where they are a hierarchy of their own (cgroup
+#: v1's ``cpuacct``, when it is not mounted with ``cpu``): the group's exact CPU time
+#: (:meth:`Group.cpu_seconds`). On cgroup v2 the ``cpu`` folder's ``cpu.stat`` holds it.
+ACCOUNTING = ("cpuacct",)
 
 
 def gib(n: int) -> str:
@@ -112,11 +116,12 @@ def _field(text: str, key: str) -> int:
 
 
 def _parents() -> tuple[dict[str, tuple[str, str]], list[str]]:
-    """controller -> (version, folder to make the group in), and why the others cannot be had."""
+    """controller -> (version, folder to make the group in), and why the others cannot be had
+    (of :data:`CONTROLLERS`; :data:`ACCOUNTING`'s are found on cgroup v1 only, where mounted)."""
     mounts, own = _mounts(), _own_cgroups()
     found: dict[str, tuple[str, str]] = {}
     why: list[str] = []
-    for c in CONTROLLERS:
+    for c in CONTROLLERS + ACCOUNTING:
         v1 = [m for m in mounts if m[0] == "cgroup" and c in m[3]]
         if v1 and c in own:
             _, mount, root, _ = v1[0]
@@ -155,16 +160,38 @@ class Group:
 
     budget: Budget
     folders: dict[str, tuple[str, str]] = field(default_factory=dict)  # controller -> (version, folder)
+    #: controllers joined for accounting only (v1's cpuacct in a hierarchy of its own)
+    accounting: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: the group's CPU seconds, read by :meth:`remove` once its processes were gone (None: unknown)
+    cpu_used: float | None = None
+
+    def _all(self) -> dict[str, tuple[str, str]]:
+        return {**self.accounting, **self.folders}
 
     @property
     def procs_files(self) -> list[str]:
-        return sorted({os.path.join(d, "cgroup.procs") for _, d in self.folders.values()})
+        return sorted({os.path.join(d, "cgroup.procs") for _, d in self._all().values()})
 
     def _file(self, controller: str, v1: str, v2: str) -> str | None:
-        if controller not in self.folders:
+        if controller not in self._all():
             return None
-        version, folder = self.folders[controller]
+        version, folder = self._all()[controller]
         return os.path.join(folder, v1 if version == "v1" else v2)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user and system) every process of the group has used so far, all together,
+        as the kernel counts it (v1: ``cpuacct.usage``, in the cpuacct hierarchy or a ``cpu``
+        hierarchy mounted with it; v2: ``usage_usec`` of ``cpu.stat``); ``None`` if unreadable."""
+        for controller in ("cpuacct", "cpu"):
+            path = self._file(controller, "cpuacct.usage", "cpu.stat")
+            text = _read(path).strip() if path else ""
+            if not text:
+                continue
+            if text.isdigit():  # v1: nanoseconds
+                return int(text) / 1e9
+            if "usage_usec" in text:  # v2: microseconds
+                return _field(text, "usage_usec") / 1e6
+        return None
 
     def oom_kills(self) -> int:
         """Processes the OOM killer has killed in this group (its memory budget was exceeded)."""
@@ -207,8 +234,9 @@ class Group:
                 _write(os.path.join(d, "cpu.max"), f"{int(b.cpus * 100_000) if b.cpus > 0 else 'max'} 100000")
 
     def remove(self, timeout: float = 10.0) -> bool:
-        """Kill every process in the group, then remove its folders. ``False`` if some stayed."""
-        folders = sorted({d for _, d in self.folders.values()})
+        """Kill every process in the group, then remove its folders. ``False`` if some stayed.
+        The group's CPU time is read last, once no process is left in it (:attr:`cpu_used`)."""
+        folders = sorted({d for _, d in self._all().values()})
         kill_file = [os.path.join(d, "cgroup.kill") for d in folders if os.path.exists(os.path.join(d, "cgroup.kill"))]
         deadline = time.monotonic() + timeout
         while True:
@@ -223,6 +251,10 @@ class Group:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+            if not pids:  # every process gone: what the group used is final
+                used = self.cpu_seconds()
+                if used is not None:
+                    self.cpu_used = used
             left = []
             for d in folders:
                 try:
@@ -253,7 +285,7 @@ def create(budget: Budget, name: str | None = None) -> tuple[Group | None, str |
             if folder not in made.values():
                 os.mkdir(folder)
             made[c] = folder
-            group.folders[c] = (version, folder)
+            (group.accounting if c in ACCOUNTING else group.folders)[c] = (version, folder)
         group._configure()
     except OSError as e:
         group.remove(timeout=2)

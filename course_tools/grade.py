@@ -3,10 +3,13 @@
 Run in the course folder (where ``nbgrader_config.py`` is). Each submission is graded by
 nbgrader's own autograde converter, with the course's execute step and sandbox, in a private
 copy of the course made for it alone: its submitted files, the assignment's non-notebook source
-files, the course's ``nbgrader_config.py`` and a private SQLite gradebook holding the
+files, the course's ``nbgrader_config.py`` (without ``c.CourseDirectory.db_url``: the real
+gradebook's URL and password stay here) and a private SQLite gradebook holding the
 assignment's definition (notebooks, cells, locked sources) copied from the real one. Nothing
-else travels, so the same task runs in a thread here (``--workers N``) or on any worker of a
-Dask distributed cluster (``--scheduler tcp://HOST:PORT``) that has the course's environment.
+else travels, so the same task runs in a thread here (``--workers N``, default
+:func:`slots_allowed`) or on any worker of a Dask distributed cluster
+(``--scheduler tcp://HOST:PORT``) that has the course's environment. A task reports its
+submission's CPU time, the sandboxed kernel and ranks counted by their cgroups.
 
 What comes back is, per notebook, the notebook as the execute step left it. This process is the
 only one that writes the real gradebook: for each result it runs nbgrader's autograde converter
@@ -15,9 +18,11 @@ on the course's own ``submitted/`` folder, exactly as ``nbgrader autograde --stu
 penalty of ``LateSubmissionPlugin``, ``SaveAutoGrades``, the ``autograded/`` files), except
 that its execute step hands back the notebook the worker executed (:class:`Replay`, which
 checks first that the worker executed this very notebook). So the rows are nbgrader's, written
-by one writer (with SQLite, a second run on the same gradebook is refused), and a Ctrl-C never
-leaves a half-written submission: it is deferred while one is written, running tasks are
-stopped (their kernels and every process they started end), and a rerun grades only what is
+by one writer (with SQLite, a second run on the same gradebook is refused), and no stop leaves a
+half-written submission: Ctrl-C, SIGTERM and SIGHUP are held while one is written (running
+tasks are then stopped, their kernels and every process they started end), and a write becomes
+visible (its ``autograded/`` folder moved into place) only once it is whole and checked, so even
+a SIGKILL mid-write leaves a submission the next run grades again. A rerun grades only what is
 missing (``--force`` regrades everything).
 """
 
@@ -48,10 +53,22 @@ DEFINITION_TABLES = ("course", "assignment", "notebook", "base_cell", "grade_cel
                      "solution_cells", "task_cells", "source_cell")
 #: Memory one grading slot may need (a developer submission's pools of 4 ranks): caps the default.
 SLOT_BYTES = 3 * 2**30
+#: The most ranks a test's pool runs in this course (the hidden tests' world_size=5).
+POOL_RANKS = 5
 #: Set in every process a task starts (kernels and ranks keep COURSE_* variables): finds leftovers.
 TASK_MARK = "COURSE_GRADE_TASK"
 #: Seconds a stopped task has to end by itself before its processes are killed.
 STOP_GRACE = 30
+#: Where the writer builds a submission's ``autograded/`` folder (under the course root); the folder
+#: is moved into ``autograded/`` only once its gradebook rows are complete and checked, so a
+#: submission is never seen as graded half-way (:meth:`Course.write`).
+STAGING = ".autograded-partial"
+#: Signals that stop a run as Ctrl-C does: each ends the running tasks and the run, and is held
+#: while a submission is written, which finishes first.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: (for the tests) A FIFO: the writer stops there in the middle of writing a submission (its
+#: submission row committed, its scores not yet) until someone opens the FIFO to say go on.
+PAUSE_WRITE = "COURSE_GRADE_TEST_PAUSE_WRITE"
 
 # ============================================================================ notebooks
 
@@ -101,6 +118,8 @@ class Replay(_preprocessor()):
         import nbformat
 
         name = resources["nbgrader"]["notebook"]
+        if os.environ.get(PAUSE_WRITE):
+            _pause(os.environ[PAUSE_WRITE], f"writing {resources['nbgrader']['student']}/{name}")
         if name not in Replay.executed:
             raise RuntimeError(f"the task sent back no executed copy of {name}.ipynb")
         expected, text = Replay.executed[name]
@@ -108,6 +127,15 @@ class Replay(_preprocessor()):
             raise RuntimeError(f"the task executed another version of {name}.ipynb than this "
                                "course's (did the gradebook or the submission change during the run?)")
         return nbformat.reads(text, as_version=4), resources
+
+
+def _pause(fifo: str, where: str) -> None:
+    """(for the tests) Say ``where`` into ``fifo`` (blocks until it is read), then wait until it
+    is opened again and closed: the test knows the writer is here and decides when it goes on."""
+    with open(fifo, "w") as f:
+        f.write(where + "\n")
+    with open(fifo) as f:
+        f.read()
 
 
 def _dotted(pp) -> str:
@@ -339,7 +367,6 @@ def _task_body(folder: Path, parent: int) -> int:
     with open(folder / "task.pickle", "rb") as f:
         task = pickle.load(f)
     result: dict = {"ok": False}
-    cpu0 = _cpu()
     try:
         db_url = f"sqlite:///{folder / 'gradebook.db'}"
         from nbgrader.apps import AutogradeApp
@@ -369,17 +396,75 @@ def _task_body(folder: Path, parent: int) -> int:
         for p in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        result["cpu_seconds"] = _cpu() - cpu0
+        result["cpu_seconds"], result["cpu_exact"] = _cpu()
         tmp = folder / "result.json.part"
         tmp.write_text(json.dumps(result))
         os.replace(tmp, folder / "result.json")
 
 
-def _cpu() -> float:
-    import resource
+def _cpu() -> tuple[float, bool]:
+    """(CPU seconds of this process since it started and of everything it started, the sandboxed
+    kernels and ranks counted exactly by their cgroups; whether that is exact): the whole
+    submission's cost, for a task; see :func:`course_tools.autograde.cpu_seconds`."""
+    from course_tools.autograde import cpu_seconds
 
-    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
-               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return cpu_seconds()
+
+
+def _is_db_url(target) -> bool:
+    """``c.CourseDirectory.db_url`` or ``c["CourseDirectory"]["db_url"]`` as an assignment target."""
+    import ast
+
+    def name(node):
+        if isinstance(node, ast.Attribute):
+            return node.attr
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            return node.slice.value
+        return None
+
+    return name(target) == "db_url" and name(getattr(target, "value", None)) == "CourseDirectory"
+
+
+def shipped_config(text: str, db_url: str) -> tuple[str, bool]:
+    """The course's ``nbgrader_config.py`` as it travels with each task: every assignment to
+    ``c.CourseDirectory.db_url`` taken out (a task grades against its own private gradebook, so
+    the real one's URL and password stay here). Also returns whether the gradebook's password
+    is still in the text (set elsewhere, e.g. a variable the URL was built from)."""
+    import ast
+    import re
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text, False  # nbgrader will say what is wrong with it
+
+    class Strip(ast.NodeTransformer):
+        def visit_Assign(self, node):
+            return ast.Pass() if any(_is_db_url(t) for t in node.targets) else node
+
+        def visit_AnnAssign(self, node):
+            return ast.Pass() if _is_db_url(node.target) else node
+
+        visit_AugAssign = visit_AnnAssign
+
+    if any(isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and
+           any(_is_db_url(t) for t in getattr(n, "targets", [getattr(n, "target", None)]))
+           for n in ast.walk(tree)):
+        text = "# c.CourseDirectory.db_url is not sent to the grading workers\n" + \
+            ast.unparse(ast.fix_missing_locations(Strip().visit(tree))) + "\n"
+    left = False
+    try:
+        from sqlalchemy.engine import make_url
+
+        password = make_url(db_url).password
+    except Exception:  # noqa: BLE001 - not a URL sqlalchemy reads: nbgrader will say so
+        password = None
+    if password:
+        from urllib.parse import quote
+
+        for form in {str(password), quote(str(password), safe="")}:
+            left |= re.search(rf"(?<![A-Za-z0-9_]){re.escape(form)}(?![A-Za-z0-9_])", text) is not None
+    return text, left
 
 
 def _scores(db_url: str, assignment: str, student: str) -> dict[str, dict[str, float]]:
@@ -412,6 +497,8 @@ class Course:
         self.task_pps, self.writer_pps = _pipelines(self.app)
         config = self.root / "nbgrader_config.py"
         self.config_text = config.read_text() if config.exists() else ""
+        #: what travels with every task: the config without the gradebook's URL (and password)
+        self.shipped_config, self.secret_left = shipped_config(self.config_text, self.db_url)
 
     def preflight(self) -> str | None:
         """The course's preflight, once, here, before any submission goes out: the reference
@@ -443,7 +530,10 @@ class Course:
 
     def graded(self, student: str) -> bool:
         """Whether ``nbgrader autograde`` would skip this submission (autograded, and its
-        submission no newer) and the gradebook has it."""
+        submission no newer) and the gradebook holds it whole: every autograded test cell of
+        every notebook scored. (This grader's own writes are whole by construction: the
+        ``autograded/`` folder appears only once the rows are written and checked; the scores
+        are checked too for a folder plain ``nbgrader autograde`` wrote.)"""
         from nbgrader.api import Gradebook, MissingEntry
 
         dest = self.folder(self.coursedir.autograded_directory, student)
@@ -455,16 +545,21 @@ class Course:
             return False
         with Gradebook(self.db_url) as gb:
             try:
-                gb.find_submission(self.assignment, student)
+                sub = gb.find_submission(self.assignment, student)
             except MissingEntry:
                 return False
+            for nb in sub.notebooks:
+                solutions = {c.name for c in nb.notebook.solution_cells}
+                tests = {c.name for c in nb.notebook.grade_cells if c.cell_type == "code"} - solutions
+                if any(g.name in tests and g.auto_score is None for g in nb.grades):
+                    return False  # a write that stopped half-way
         return True
 
     def payload(self, student: str, gradebook: bytes, bound: float | None, mark: str) -> dict:
         return {"assignment": self.assignment, "student": student, "gradebook": gradebook,
                 "files": _files(self.folder(self.coursedir.submitted_directory, student)),
                 "source_files": _files(self.folder(self.coursedir.source_directory, "."), skip_notebooks=True),
-                "config": self.config_text, "preprocessors": self.task_pps, "bound": bound, "mark": mark}
+                "config": self.shipped_config, "preprocessors": self.task_pps, "bound": bound, "mark": mark}
 
     def bound(self) -> float:
         """Seconds one submission may take: every code cell at its limit, a kernel start per
@@ -482,7 +577,29 @@ class Course:
 
     def write(self, result: dict) -> dict[str, dict[str, float]]:
         """Write one result into the real gradebook and ``autograded/`` with nbgrader's own
-        converter (:class:`Replay` as its execute step); return the gradebook's scores."""
+        converter (:class:`Replay` as its execute step); return the gradebook's scores.
+
+        The converter builds the ``autograded/`` folder under :data:`STAGING`; once its rows
+        are written and hold the scores the task found, the folder is moved into place (a
+        rename), so :meth:`graded` never sees a submission written half-way, whatever stops
+        this process. If the write fails or the scores differ, the submission is taken out of
+        the gradebook and ``autograded/`` (:meth:`discard`) and the error raised: a rerun
+        grades it again."""
+        student = result["student"]
+        try:
+            self._convert(result)
+            scores = _scores(self.db_url, self.assignment, student)
+            if scores != result["scores"]:
+                raise RuntimeError(f"the gradebook holds {scores}, the worker scored {result['scores']}")
+        except BaseException as e:
+            self.discard(student)
+            if isinstance(e, Exception):
+                raise RuntimeError(f"{e}; nothing of it was kept, a rerun grades it again") from None
+            raise
+        self._publish(student)
+        return scores
+
+    def _convert(self, result: dict) -> None:
         from nbgrader.converters import Autograde
         from nbgrader.converters.base import NbGraderException
 
@@ -492,6 +609,8 @@ class Course:
         errors = _Errors()
         self.app.log.addHandler(errors)
         self.coursedir.student_id = student
+        real = self.coursedir.autograded_directory
+        self.coursedir.autograded_directory = STAGING
         try:
             converter = Autograde(coursedir=self.coursedir, parent=self.app)
             converter.force = True
@@ -503,12 +622,46 @@ class Course:
             except NbGraderException as e:
                 raise RuntimeError("; ".join(errors.lines[-3:]) or str(e)) from None
         finally:
+            self.coursedir.autograded_directory = real
             self.coursedir.student_id = "*"
             self.app.log.removeHandler(errors)
             Replay.executed = {}
         if errors.lines:
             raise RuntimeError("; ".join(errors.lines[-3:]))
-        return _scores(self.db_url, self.assignment, student)
+
+    def _publish(self, student: str) -> None:
+        """Move the staged ``autograded/`` folder into place (the one that was there goes first,
+        aside, so the folder is at no time a mix of both)."""
+        staged = self.folder(STAGING, student)
+        dest = self.folder(self.coursedir.autograded_directory, student)
+        aside = self.root / STAGING / f".replaced-{student}-{os.getpid()}"
+        if dest.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(dest, aside)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, dest)
+        shutil.rmtree(aside, ignore_errors=True)
+        self._tidy()
+
+    def discard(self, student: str) -> None:
+        """Take a submission out of the gradebook and of ``autograded/`` (staged or not)."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        with Gradebook(self.db_url) as gb:
+            with contextlib.suppress(MissingEntry):
+                gb.remove_submission(self.assignment, student)
+        for tree in (STAGING, self.coursedir.autograded_directory):
+            shutil.rmtree(self.folder(tree, student), ignore_errors=True)
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Remove the staging folders left empty."""
+        staging = self.root / STAGING
+        if staging.is_dir():
+            for folder in sorted(staging.rglob("*"), key=lambda p: -len(p.parts)) + [staging]:
+                if folder.is_dir():
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()
 
     def summary(self, student: str) -> str:
         from nbgrader.api import Gradebook
@@ -557,15 +710,46 @@ def _one_writer(db_url: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+class _Stopped(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP: the run stops (exit status 128 + the signal's number)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stop(signum, frame):
+    raise _Stopped(signum)
+
+
 @contextlib.contextmanager
-def _deferred_interrupt():
-    """A Ctrl-C while one submission is written is kept for later (the list it yields says so)."""
-    got: list = []
-    previous = signal.signal(signal.SIGINT, lambda *a: got.append(1))
+def _stop_signals():
+    """For the run: Ctrl-C, SIGTERM and SIGHUP stop it cleanly (:class:`_Stopped`), all alike."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only: whoever runs us there handles them
+        return
+    previous = {s: signal.signal(s, _raise_stop) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _held_signals():
+    """A stop signal while one submission is written, or while the run is stopping, is kept
+    for later: it yields the list of signals that came."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in STOP_SIGNALS}
     try:
         yield got
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _stop_cluster_tasks(client, futures: list, name: str) -> None:
@@ -587,20 +771,86 @@ def _stop_cluster_tasks(client, futures: list, name: str) -> None:
         client.close()
 
 
-def default_workers() -> tuple[int, str]:
+def slots_allowed(cores: int, free_bytes: int, budgeted: bool) -> tuple[int, str]:
+    """The default number of submissions graded at once on a machine, and why.
+
+    One per core, fewer if memory is short (:data:`SLOT_BYTES` each). Every time limit of a test
+    is wall-clock (a pool's timeout, the cell's, the 1.2 s within which every rank must return
+    after a save): a correct answer passes them when its submission gets about a core. Each
+    submission's cgroup has an equal CPU weight, so with at most one slot per core each gets at
+    least a core while all are busy, however many ranks the others run (busy-looping hangs
+    included), as serial nbgrader on a one-core machine would. Without per-submission cgroups
+    (``budgeted`` False) every rank competes alone and a pool has up to :data:`POOL_RANKS` of
+    them: one slot per that many cores."""
+    n = max(1, min(cores, free_bytes // SLOT_BYTES))
+    why = f"one per core: {cores} cores, {free_bytes / 2**30:.0f} GiB free, {SLOT_BYTES / 2**30:.0f} GiB per slot"
+    if not budgeted:
+        n = max(1, min(n, cores // POOL_RANKS))
+        why += (f"; no per-submission cgroup here, so each rank of a pool competes on its own: "
+                f"one slot per {POOL_RANKS} cores")
+    return n, why
+
+
+def budgeted(course: Course) -> bool:
+    """Whether each submission of this course gets a cgroup here (the course's execute step makes
+    one, its budget is not off, and this machine lets it)."""
+    from traitlets.utils.importstring import import_item
+
+    from course_tools import budget
+    from course_tools.autograde import CourseExecute
+
+    step = import_item(course.task_pps[_execute_index(course.task_pps)])
+    if not (isinstance(step, type) and issubclass(step, CourseExecute)):
+        return False
+    if course.app.config.get("CourseExecute", {}).get("budget", "auto") == "off":
+        return False
+    group, _ = budget.create(budget.Budget())
+    if group is None:
+        return False
+    group.remove()
+    return True
+
+
+def _busy() -> str | None:
+    """A warning if this machine is already busy with other work (its load average at least its
+    cores): that work takes its share from every submission's cgroup alike, and a submission
+    needs about a quarter of a core for its first test cell (which starts the pools' fork server)
+    to end within 30 s; serial nbgrader is as exposed."""
+    cores = len(os.sched_getaffinity(0))
+    load = os.getloadavg()[0]
+    if load < cores:
+        return None
+    return (f"warning: this machine is busy before grading starts (load average {load:.1f} on {cores} "
+            "cores): other work takes CPU from every submission, and a correct answer can then run "
+            "past a wall-clock limit, as in serial nbgrader. For scores that do not depend on the "
+            "load, grade on a quiet machine (README: grading a whole class in parallel).")
+
+
+def default_workers(course: Course) -> tuple[int, str]:
+    """:func:`slots_allowed` on this machine, for this course."""
     import psutil
 
-    cores = len(os.sched_getaffinity(0))
-    free = psutil.virtual_memory().available
-    n = max(1, min(cores, int(free // SLOT_BYTES)))
-    return n, f"{cores} cores, {free / 2**30:.0f} GiB free, {SLOT_BYTES / 2**30:.0f} GiB per slot"
+    return slots_allowed(len(os.sched_getaffinity(0)), psutil.virtual_memory().available, budgeted(course))
 
 
 def grade(assignment: str, workers: int | None = None, students: list[str] | None = None,
-          force: bool = False, scheduler: str | None = None, out=sys.stderr, progress: bool = True) -> int:
-    """Grade the class; return the exit status (0: all graded, 1: some could not be, 130: interrupted)."""
+          force: bool = False, scheduler: str | None = None, out=sys.stderr, progress: bool = True,
+          bound: float | None = None, stats: Path | None = None) -> int:
+    """Grade the class; return the exit status (0: all graded, 1: some could not be, 130, 143 or
+    129: stopped by Ctrl-C, SIGTERM or SIGHUP). ``stats``: a JSON file to write the run's figures
+    to (per submission its wall and CPU seconds and its write's, the start-up, the total)."""
+    with _stop_signals():
+        try:
+            return _grade(assignment, workers, students, force, scheduler, out, progress, bound, stats)
+        except _Stopped as e:  # before any task went out (a stop later is handled in _grade)
+            print(f"\nstopped ({e}) before grading began: nothing was written", file=out, flush=True)
+            return 128 + e.signum
+
+
+def _grade(assignment, workers, students, force, scheduler, out, progress, bound, stats) -> int:
     from tqdm.auto import tqdm
 
+    started = time.monotonic()
     course = Course(assignment)
     everyone = course.students()
     if students:
@@ -608,9 +858,15 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
         if unknown:
             raise SystemExit(f"no submission of {assignment} for {', '.join(unknown)} in "
                              f"{course.coursedir.submitted_directory}/ (nbgrader collect puts them there)")
-    todo = students or everyone
+    todo = list(dict.fromkeys(students)) if students else everyone
     if not todo:
         raise SystemExit(f"no submission of {assignment} in {course.coursedir.submitted_directory}/")
+    if scheduler and course.secret_left:
+        raise SystemExit(
+            "nbgrader_config.py holds the gradebook's password outside `c.CourseDirectory.db_url = ...` "
+            "(a variable the URL is built from?), and the config travels with every task to the "
+            "cluster's workers, which do not need it. Write the password only in that assignment, "
+            "or read it from the environment (os.environ), then run again.")
     with _one_writer(course.db_url):
         from nbgrader.api import Gradebook, MissingEntry
 
@@ -626,15 +882,23 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
             where = f"on the Dask cluster at {scheduler}"
         else:
             if workers is None:
-                workers, why = default_workers()
+                workers, why = default_workers(course)
                 where = f"{workers} at a time ({why})"
             else:
                 where = f"{workers} at a time"
+                cores = len(os.sched_getaffinity(0))
+                if workers > cores:
+                    where += (f"; more slots than this machine's {cores} cores: each submission gets "
+                              "less than a core when all are busy, and a correct answer can run past a "
+                              "time limit (see the README: grading in parallel, equal scores)")
         print(f"grading {len(todo)} submission(s) of {assignment} {where}"
               + (f"; {len(skipped)} already graded (--force regrades them)" if skipped else ""),
               file=out, flush=True)
         if not todo:
             return 0
+        busy = _busy()
+        if busy and not scheduler:
+            print(busy, file=out, flush=True)
         t0 = time.monotonic()
         problem = course.preflight()
         if problem:
@@ -642,20 +906,25 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
                   f"{problem}", file=out, flush=True)
             return 1
         gradebook = task_gradebook(course.db_url)
-        bound = course.bound()
+        bound = bound or course.bound()
         mark = os.environ.get(TASK_MARK) or f"{os.getpid()}-{time.time_ns()}"
         failed: dict[str, str] = {}
+        figures: dict[str, dict] = {}
         done = 0
         bar = tqdm(total=len(todo), unit="submission", desc=f"grading {assignment}", file=out,
-                   disable=not progress, dynamic_ncols=True)
+                   disable=not progress, dynamic_ncols=True, mininterval=1.0)
         stop = threading.Event()
         pool = client = None
+        futures: dict = {}
+        stopped: int | None = None
+        startup = None
         try:
             if scheduler:
                 from distributed import Client
                 from distributed import as_completed as dask_completed
 
                 client = Client(scheduler, timeout=30)
+                startup = time.monotonic() - started
                 futures = {client.submit(run_task, course.payload(s, gradebook, bound, mark),
                                          cluster_stop=f"grade-stop-{mark}",
                                          key=f"grade-{assignment}-{s}-{mark}",
@@ -663,6 +932,7 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
                 stream = dask_completed(futures)
             else:
                 pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grade")
+                startup = time.monotonic() - started
                 futures = {pool.submit(run_task, course.payload(s, gradebook, bound, mark), stop): s for s in todo}
                 stream = as_completed(futures)
             for fut in stream:
@@ -671,44 +941,74 @@ def grade(assignment: str, workers: int | None = None, students: list[str] | Non
                     result = fut.result()
                 except Exception as e:  # noqa: BLE001 - a lost task (e.g. KilledWorker) fails its own slot
                     result = {"student": student, "ok": False, "error": f"{type(e).__name__}: {e}"}
-                interrupted: list = []
+                figure = figures[student] = {k: result.get(k) for k in ("seconds", "cpu_seconds", "cpu_exact")}
+                held: list = []
                 if result["ok"]:
                     try:
-                        with _deferred_interrupt() as interrupted:
-                            scores = course.write(result)
-                        if scores != result["scores"]:
-                            raise RuntimeError(f"the gradebook holds {scores}, the worker scored {result['scores']}")
-                        bar.write(f"graded {student}: {course.summary(student)} ({result['seconds']:.0f} s)",
-                                  file=out)
-                        done += 1
+                        w0, c0 = time.monotonic(), time.thread_time()
+                        with _held_signals() as held:
+                            course.write(result)
+                            done += 1
+                            said = course.summary(student)
+                        figure.update(write_seconds=time.monotonic() - w0, write_cpu=time.thread_time() - c0)
+                        bar.write(f"graded {student}: {said} ({result['seconds']:.0f} s)", file=out)
                     except Exception as e:  # noqa: BLE001
                         failed[student] = f"writing the gradebook failed: {e}"
                 else:
                     failed[student] = result.get("error") or "unknown error"
+                figure["ok"] = student not in failed
                 bar.update(1)
                 bar.set_postfix(failed=len(failed))
-                if interrupted:  # a Ctrl-C came while that submission was written
-                    raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            stop.set()
-            bar.close()
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-            if client is not None:
-                _stop_cluster_tasks(client, list(futures), f"grade-stop-{mark}")
-            print(f"\ninterrupted: {done} graded and written, {len(todo) - done - len(failed)} not; "
-                  f"run it again to grade what is missing", file=out, flush=True)
-            return 130
+                if held:  # a stop signal came while that submission was written
+                    raise _Stopped(held[0])
+        except _Stopped as e:
+            stopped = e.signum
+            with _held_signals():  # a second Ctrl-C does not cut the stopping short
+                stop.set()
+                bar.close()
+                if pool is not None:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                if client is not None:
+                    _stop_cluster_tasks(client, list(futures), f"grade-stop-{mark}")
+            print(f"\ninterrupted ({signal.Signals(stopped).name}): {done} graded and written, "
+                  f"{len(todo) - done - len(failed)} not; run it again to grade what is missing",
+                  file=out, flush=True)
         finally:
             bar.close()
             if pool is not None:
                 pool.shutdown(wait=True)
             if client is not None:
                 client.close()
+            course._tidy()
+    wall = time.monotonic() - started
+    _write_stats(stats, course, figures, startup, wall, workers if not scheduler else None, scheduler)
+    if stopped is not None:
+        return 128 + stopped
+    cpu = [f["cpu_seconds"] for f in figures.values() if f.get("cpu_seconds") is not None]
+    exact = all(f.get("cpu_exact") for f in figures.values() if f.get("cpu_seconds") is not None)
+    if cpu:
+        print(f"took {wall:.0f} s; grading used {sum(cpu):.0f} CPU-s, {sum(cpu) / len(cpu):.1f} per submission"
+              + (" (the sandboxed kernels and ranks counted by their cgroups)" if exact else
+                 " at least (some were graded without a cgroup to count their kernels and ranks)"), file=out)
     print(f"{done} of {len(todo)} graded" + (f", {len(failed)} could not be:" if failed else ""), file=out)
     for student, why in sorted(failed.items()):
         print(f"  {student}: {why}", file=out)
     return 1 if failed else 0
+
+
+def _write_stats(path, course, figures, startup, wall, workers, scheduler) -> None:
+    """The run's figures, for the bench: per submission, and for the instructor's process."""
+    if path is None:
+        return
+    from course_tools.autograde import cpu_seconds
+
+    own, exact = cpu_seconds()  # this process, its preflight's sandbox included
+    data = {"assignment": course.assignment, "workers": workers, "scheduler": scheduler,
+            "cores": len(os.sched_getaffinity(0)), "startup_seconds": startup, "wall_seconds": wall,
+            "instructor_cpu_seconds": own, "instructor_cpu_exact": exact, "submissions": figures}
+    tmp = Path(f"{path}.part")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
 
 def report(assignment: str, out=sys.stdout) -> int:
@@ -734,6 +1034,11 @@ def main(argv=None) -> int:
     ap.add_argument("--scheduler", help="grade on a Dask distributed cluster: tcp://HOST:PORT of its scheduler")
     ap.add_argument("--student", nargs="+", action="extend", help="grade only these students")
     ap.add_argument("--force", action="store_true", help="regrade submissions already graded")
+    ap.add_argument("--bound", type=float, help="seconds one submission may take before it is stopped "
+                    "and reported (default: every code cell at its limit, a kernel start per "
+                    "notebook, plus two minutes)")
+    ap.add_argument("--stats", type=Path, help="write the run's figures to this JSON file (per "
+                    "submission its wall time and CPU seconds, the writer's time, the start-up)")
     ap.add_argument("--report", action="store_true", help="grade nothing: print the class report "
                     "(per test the share that passed, common failures, linter codes, scores) and "
                     "save its plots to build/class-report/ASSIGNMENT.png")
@@ -751,8 +1056,15 @@ def main(argv=None) -> int:
         ap.error("--workers is for this machine; with --scheduler the cluster's workers grade")
     if args.report:
         return report(args.assignment)
-    return grade(args.assignment, args.workers, args.student, args.force, args.scheduler)
+    if args.bound is not None and args.bound <= 0:
+        ap.error("--bound must be a number of seconds above 0")
+    return grade(args.assignment, args.workers, args.student, args.force, args.scheduler,
+                 bound=args.bound, stats=args.stats)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as course_tools.grade, not __main__: the preprocessors nbgrader imports by name
+    # (course_tools.grade.Replay, Capture...) must be the very classes this run fills and reads
+    from course_tools.grade import main as _main
+
+    sys.exit(_main())

@@ -12,11 +12,13 @@ is the same line whenever its stack is read), ``s4`` a file that is not a notebo
 from __future__ import annotations
 
 import datetime
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 
-from course_tools import ROOT, nbgrader
+from course_tools import ROOT, nbgrader, venv_env
 from course_tools.temp_course import fill
 
 ASSIGNMENT = "tiny"
@@ -69,14 +71,15 @@ ANSWERS = {
 }
 
 
-def make_class(folder: Path, db_url: str | None = None, students=tuple(ANSWERS)) -> Path:
-    """A course in ``folder`` with the assignment generated, due at ``DUE``, and the submissions."""
+def make_class(folder: Path, db_url: str | None = None, students=tuple(ANSWERS), extra_config: str = "") -> Path:
+    """A course in ``folder`` with the assignment generated, due at ``DUE``, and the submissions
+    (``extra_config``: more lines for its ``nbgrader_config.py``)."""
     from nbgrader.api import Gradebook
 
     course = Path(folder)
     (course / "solutions" / ASSIGNMENT).mkdir(parents=True)
     nbformat.write(source_notebook(), course / "solutions" / ASSIGNMENT / NOTEBOOK)
-    config = (ROOT / "nbgrader_config.py").read_text() + EXTRA_CONFIG
+    config = (ROOT / "nbgrader_config.py").read_text() + EXTRA_CONFIG + extra_config
     if db_url:
         config += f"c.CourseDirectory.db_url = {db_url!r}\n"
     (course / "nbgrader_config.py").write_text(config)
@@ -117,3 +120,26 @@ def gradebook_rows(db_url: str, students) -> dict[str, dict]:
                 "grade_rows": sum(len(nb.grades) for nb in sub.notebooks),
             }
     return rows
+
+
+def grade(course: Path, *args, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """``python -m course_tools.grade tiny ARGS`` in ``course``; its output is printed."""
+    proc = subprocess.run([sys.executable, "-m", "course_tools.grade", ASSIGNMENT, *args], cwd=course,
+                          capture_output=True, text=True, timeout=timeout, env=env or venv_env())
+    print(proc.stdout, proc.stderr)
+    return proc
+
+
+def marked(mark: str, parent: int | None = None) -> list:
+    """Every process started for a grading run marked ``mark`` (kernels and ranks included);
+    with ``parent``, only its children."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("COURSE_GRADE_TASK") == mark and parent in (None, p.ppid()):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found

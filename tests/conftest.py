@@ -133,7 +133,8 @@ _SPREAD_MODULES = {"test_notebooks.py", "test_browser.py"}
 # (collection order is the order units are handed out; xdist's own reorder counts tests, not time).
 _FIRST = ["grading:developer", "grading:beginner", "grading:researcher", "test_grading_flow.py",
           "test_grading_attacks.py", "test_grading_robustness.py", "test_grading_learner.py", "test_grading_xss.py",
-          "test_class_grading.py", "test_hub.py", "test_site.py", "test_browser.py", "test_notebooks.py"]
+          "test_class_grading.py", "test_class_grading_control.py", "test_bench_class.py", "test_hub.py",
+          "test_site.py", "test_browser.py", "test_notebooks.py"]
 
 
 def _unit(nodeid: str) -> str:

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from course_tools import nbgrader, venv_env
-from tests.class_course import ASSIGNMENT, NOTEBOOK, gradebook_rows, make_class
+from tests.class_course import ASSIGNMENT, NOTEBOOK, grade, gradebook_rows, make_class, marked
 from tests.pg import postgresql
 
 GRADED = ["s1", "s2", "s3"]  # s4's file is not a notebook: neither grader can grade it
@@ -39,26 +39,6 @@ def shown(course: Path, student: str) -> list:
     """An autograded notebook as a reader sees it: each cell's source and outputs."""
     nb = nbformat.read(course / "autograded" / student / ASSIGNMENT / NOTEBOOK, as_version=4)
     return [(c.cell_type, c.source, c.get("outputs")) for c in nb.cells]
-
-
-def grade(course: Path, *args, env=None, timeout=600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "course_tools.grade", ASSIGNMENT, *args], cwd=course,
-                          capture_output=True, text=True, timeout=timeout, env=env or venv_env())
-    print(proc.stdout, proc.stderr)
-    return proc
-
-
-def marked(mark: str, parent: int | None = None) -> list[psutil.Process]:
-    """Every process started for a grading run marked ``mark`` (kernels and ranks included);
-    with ``parent``, only its children."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("COURSE_GRADE_TASK") == mark and parent in (None, p.ppid()):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +125,7 @@ def interrupted_run(course: Path, mark: str, env: dict, *args) -> tuple[str, lis
             proc.wait()
     out = "".join(lines) + rest
     print(out)
-    assert "interrupted: 1 graded and written, 1 not" in out
+    assert "interrupted (SIGINT): 1 graded and written, 1 not" in out
     (first,) = [line.split()[1].rstrip(":") for line in lines if line.startswith("graded ")]
     return first, running, parents
 

@@ -298,15 +298,20 @@ def test_a_budget_group_counts_its_processes_and_leaves_nothing():
         # a process past the memory budget is killed, and the group says so
         out = subprocess.run(budgets.join_command(group, ["python3", "-c", "b = b'x' * (600 << 20)"]))
         assert out.returncode == -9 and group.oom_kills() == 1
+        # its CPU time, counted by the group, as much as the process was charged
+        spin = subprocess.run(budgets.join_command(group, ["python3", "-c", "import time\nt = time.process_time()\n"
+                                                           "while time.process_time() - t < 0.5: pass"]))
+        assert spin.returncode == 0 and group.cpu_seconds() >= 0.5, group.cpu_seconds()
         sleeper = subprocess.Popen(budgets.join_command(group, ["sleep", "600.202"]))
         try:
             assert sleeper.pid in group.pids() or _wait_member(group, sleeper.pid)
         finally:
             assert group.remove()
         assert sleeper.wait(timeout=10) == -9
+        assert group.cpu_used >= 0.5, "read when the group was removed"
     finally:
         group.remove()
-    assert not any(os.path.exists(d) for d in folders)
+    assert not any(os.path.exists(d) for d in folders | {d for _, d in group.accounting.values()})
 
 
 def _wait_member(group, pid) -> bool:
