@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 from pathlib import Path
@@ -116,55 +115,6 @@ def test_project_is_in_the_course_order_with_the_depth_table(tmp_path):
     assert "(beginner/01_one_rank_writes.ipynb)" in index
     for r in site.lessons():                                       # the downloads are the clean notebooks
         assert (project / "downloads" / r.parent.name / r.name).read_bytes() == (ROOT / r).read_bytes()
-
-
-# ----------------------------------------------------------------------------- colour vision
-# Machado, Oliveira & Fernandes (2009), severity 1.0, applied to linear RGB.
-CVD = {"protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216],
-                      [-0.003882, -0.048116, 1.051998]],
-       "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
-                        [-0.011820, 0.042940, 0.968881]],
-       "tritanopia": [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602],
-                      [0.004733, 0.691367, 0.303900]]}
-#: CIE76 distance above which two flat colours are told apart at a glance (about 2.3 is just
-#: noticeable; 10 is a clear difference).
-MIN_DELTA_E = 10
-
-
-def _lab(hex_colour: str, matrix=None):
-    import numpy as np
-
-    c = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
-    c = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
-    if matrix is not None:
-        c = np.clip(np.array(matrix) @ c, 0, 1)
-    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ c
-    f = xyz / np.array([0.95047, 1.0, 1.08883])
-    f = np.where(f > 0.008856, np.cbrt(f), 7.787 * f + 16 / 116)
-    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
-
-
-@pytest.mark.parametrize("vision", list(CVD))
-def test_palette_meanings_stay_apart_with_colour_vision_deficiencies(vision):
-    import numpy as np
-
-    from helpers.lessons.figures import PALETTE
-
-    meanings = ("ok", "missing", "torn", "truth")
-    lab = {k: _lab(PALETTE[k], CVD[vision]) for k in meanings}
-    close = [(a, b, round(float(np.linalg.norm(lab[a] - lab[b])), 1))
-             for a, b in itertools.combinations(meanings, 2)
-             if np.linalg.norm(lab[a] - lab[b]) < MIN_DELTA_E]
-    assert not close, f"with {vision}, these colours of the palette look alike (CIE76 distance): {close}"
-
-
-def test_the_simulation_tells_confusable_colours_apart():
-    """The check above can fail: pure red and green, fine in normal vision, merge with deuteranopia."""
-    import numpy as np
-
-    normal = np.linalg.norm(_lab("#d62728") - _lab("#2ca02c"))
-    deutan = np.linalg.norm(_lab("#ff0000", CVD["deuteranopia"]) - _lab("#9c7a00", CVD["deuteranopia"]))
-    assert normal > 50 and deutan < MIN_DELTA_E, (normal, deutan)
 
 
 # ----------------------------------------------------------------------------- the built site
