@@ -162,11 +162,14 @@ QUICK_NOTE = ("*On this page the notebook was run with `QUICK = True`: the small
 
 
 def launch_url(rel: Path, cfg: dict | None = None) -> str:
-    """An nbgitpuller link: the hub clones (or updates) the course and opens ``rel`` in JupyterLab."""
+    """An nbgitpuller link: the hub clones (or updates) the course into the learner's folder
+    ``<repository name>`` and opens ``rel`` there in JupyterLab. The folder is named in the link
+    (``targetpath``): nbgitpuller's own default keeps a ``.git`` ending, which the path to open
+    would then miss."""
     cfg = cfg or hub()
     repo = cfg["SITE_REPO"].rstrip("/")
     folder = repo.rsplit("/", 1)[-1].removesuffix(".git")
-    query = urllib.parse.urlencode({"repo": repo, "branch": cfg["SITE_BRANCH"],
+    query = urllib.parse.urlencode({"repo": repo, "branch": cfg["SITE_BRANCH"], "targetpath": folder,
                                     "urlpath": f"lab/tree/{folder}/{rel.as_posix()}"})
     return f"{cfg['SITE_HUB_URL'].rstrip('/')}/hub/user-redirect/git-pull?{query}"
 
