@@ -4,8 +4,9 @@ Steps, each one a function the tests reuse:
 
 1. :func:`execute_all` runs every learner notebook (``notebooks/``) with papermill at the CI sizes
    (``QUICK=True``, as ``make course QUICK=1``), from its own folder. An execution is cached in
-   ``build/site-cache/`` under a key made of the notebook's bytes, the bytes of every file of
-   ``helpers/`` and of the files beside the notebook: an unchanged lesson is not run again.
+   ``build/site-cache/`` under a key made of the bytes of what the run may read (:func:`inputs`:
+   the notebook, the files beside it that are not notebooks, every file of ``helpers/``): an
+   unchanged lesson is not run again, and editing one lesson does not run its neighbours.
    In an exercises notebook the learner's answers are empty, so the graded cells are allowed to
    fail and their outputs are dropped: the page shows the exercise as the learner gets it.
 2. :func:`page` turns an executed notebook into the page's notebook: papermill's injected
@@ -74,11 +75,19 @@ def _files(folder: Path) -> list[Path]:
                   and ".ipynb_checkpoints" not in p.parts)
 
 
+def inputs(notebook: Path, root: Path = ROOT) -> list[Path]:
+    """The files an execution of ``notebook`` may read: the notebook, the files beside it that are
+    not notebooks (the scripts a lesson runs, ``ddp_*.py``), and every file of ``helpers/``. The
+    other notebooks of its folder are not among them: editing one lesson runs that lesson again,
+    not its neighbours."""
+    beside = [p for p in _files(notebook.parent) if p.suffix != ".ipynb"]
+    return [notebook, *beside, *_files(root / "helpers")]
+
+
 def cache_key(notebook: Path, root: Path = ROOT) -> str:
-    """What the executed page depends on: the notebook, the files beside it, helpers/, the sizes
-    and the build's first cell."""
+    """What the executed page depends on: :func:`inputs`' bytes, the sizes and the build's first cell."""
     h = hashlib.sha256(f"v{CACHE_VERSION} quick\0{FIGURE_NOTES_CELL}".encode())
-    for path in [notebook, *_files(notebook.parent), *_files(root / "helpers")]:
+    for path in inputs(notebook, root):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:20]
 

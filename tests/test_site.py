@@ -47,6 +47,22 @@ def _course(tmp_path: Path) -> Path:
     return root
 
 
+def test_cache_key_is_the_notebook_the_files_beside_it_and_helpers(tmp_path):
+    root = _course(tmp_path)
+    nb_path = root / "notebooks/start/00_a.ipynb"
+    key = site.cache_key(nb_path, root)
+    other = root / "notebooks/start/01_b.ipynb"                    # another lesson of the folder
+    other.write_bytes(nb_path.read_bytes())
+    assert site.cache_key(nb_path, root) == key, "editing a neighbour lesson must not run this one again"
+    assert other not in site.inputs(nb_path, root)
+    changes = [root / "notebooks/start/ddp_job.py", root / "helpers/tool.py", nb_path]
+    for changed in changes:                                          # each of what it may read: run again
+        changed.write_bytes((changed.read_bytes() if changed.exists() else b"") + b"\n# changed\n")
+        assert changed in site.inputs(nb_path, root)
+        assert site.cache_key(nb_path, root) != key, changed
+        key = site.cache_key(nb_path, root)
+
+
 def test_execution_is_cached_on_content_and_pages_show_widgets_as_figures(tmp_path, quick_env):
     root = _course(tmp_path)
     nb_path, cache = root / "notebooks/start/00_a.ipynb", tmp_path / "cache"
