@@ -25,6 +25,7 @@ Where the launch links point is set here, in :data:`HUB`, or by the environment 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
 import json
@@ -111,14 +112,41 @@ def _graded(cell) -> bool:
     return is_answer_cell(cell) or is_graded_cell(cell)
 
 
-def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE) -> tuple[Path, str, float]:
-    """The executed notebook (from the cache if its key is there), 'cached' or 'ran', seconds."""
-    import papermill as pm
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (a file made for it), held by one process at a time: two
+    builds, or two pytest workers, never run the same notebook at once; the second waits, then
+    finds the first one's run in the cache."""
+    import fcntl
 
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE,
+            fresh_after: float | None = None) -> tuple[Path, str, float]:
+    """The executed notebook (from the cache if its key is there), 'cached' or 'ran', seconds.
+
+    ``fresh_after`` (a ``time.time()``): a cached run older than that is run again (the test
+    suite asks each notebook to have run in its own session, once, whichever test asks first).
+    """
     rel = notebook.relative_to(root)
     out = cache / rel.parent / f"{rel.stem}.{cache_key(notebook, root)}.ipynb"
-    if out.exists():
-        return out, "cached", 0.0
+    with _locked(cache / "locks" / rel.parent / f"{rel.stem}.lock"):
+        if out.exists() and (fresh_after is None or out.stat().st_mtime >= fresh_after):
+            return out, "cached", 0.0
+        return out, "ran", _run(notebook, rel, out)
+
+
+def _run(notebook: Path, rel: Path, out: Path) -> float:
+    """Execute ``notebook`` at the CI sizes into ``out`` (the only entry of the cache for it)."""
+    import papermill as pm
+
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in out.parent.glob(f"{rel.stem}.*.ipynb"):
         old.unlink()                     # one entry per notebook: the cache does not grow
@@ -132,7 +160,10 @@ def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE) -> tuple[Pat
     source = out.with_suffix(".in.ipynb")
     nbformat.write(nb, source)
     t0 = time.monotonic()
-    env = {"PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::DeprecationWarning")}
+    # the same environment whoever asks (make site, or the test suite with its QUICK_ENV): a
+    # cached run is the same run
+    env = {"PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::DeprecationWarning"),
+           "COURSE_QUICK": "1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     partial = out.with_suffix(".partial.ipynb")
@@ -152,7 +183,7 @@ def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE) -> tuple[Pat
         partial.unlink(missing_ok=True)
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    return out, "ran", time.monotonic() - t0
+    return time.monotonic() - t0
 
 
 def errors_outside_graded(nb) -> list[str]:

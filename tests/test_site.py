@@ -96,6 +96,28 @@ def test_a_failure_outside_the_graded_cells_fails_the_build(tmp_path, quick_env)
     assert not list((tmp_path / "cache").rglob("*.ipynb"))        # nothing half-run is cached
 
 
+def test_two_processes_run_one_notebook_once(tmp_path, quick_env):
+    """As two pytest workers (or a build and a test) would: one runs it, the other waits for the
+    lock and takes that run from the cache. A run older than `fresh_after` is run again."""
+    import subprocess
+    import sys
+    import time
+
+    root = _course(tmp_path)
+    code = ("import sys; from pathlib import Path; from course_tools import site; "
+            "r = Path(sys.argv[1]); print(site.execute(r / 'notebooks/start/00_a.ipynb', r, Path(sys.argv[2]))[1])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path / "cache")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert sorted(out.strip() for out, _ in results) == ["cached", "ran"], results
+    nb_path = root / "notebooks/start/00_a.ipynb"
+    executed, how, _ = site.execute(nb_path, root, tmp_path / "cache", fresh_after=time.time() - 3600)
+    assert how == "cached"
+    started = time.time()
+    again, how, _ = site.execute(nb_path, root, tmp_path / "cache", fresh_after=started)
+    assert how == "ran" and again == executed and again.stat().st_mtime >= started
+
+
 def _hidden(source: Path) -> list[str]:
     """Each solution and hidden-test block of an instructor notebook, its lines stripped."""
     text = "\n".join(c.source for c in nbformat.read(source, as_version=4).cells)
