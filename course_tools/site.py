@@ -11,8 +11,11 @@ Steps, each one a function the tests reuse:
    fail and their outputs are dropped: the page shows the exercise as the learner gets it.
 2. :func:`page` turns an executed notebook into the page's notebook: papermill's injected
    parameters cell becomes a note saying the page ran at the smallest sizes, each widget's output
-   is replaced by what it drew (a widget cannot run on a static page), and a first cell links to
-   the lesson on the course's JupyterHub (an nbgitpuller link) and to the notebook's download.
+   is replaced by what it drew (a widget cannot run on a static page: its figures, a progress
+   bar's last line, the values its controls were set to), each prediction by its question, its
+   choices and its answer folded in a ``<details>``, and a first cell links to the lesson on the
+   course's JupyterHub (an nbgitpuller link) and to the notebook's download. A widget the page
+   cannot show fails the build.
 3. :func:`write_project` writes the MyST project (``myst.yml`` with the pages in the course's
    order, the landing page from the README's depth table) and :func:`build_html` runs
    ``myst build --site`` (MyST parses every page into its AST) and ``site/render.mjs``, which
@@ -28,6 +31,7 @@ import argparse
 import contextlib
 import copy
 import hashlib
+import html
 import json
 import os
 import re
@@ -95,8 +99,11 @@ def cache_key(notebook: Path, root: Path = ROOT) -> str:
 
 #: The first cell of a build run (removed from the page): every figure the inline backend shows
 #: carries, in its output's metadata, the titles and axis labels it was drawn with, so that the page
-#: can say in the image's alt text what the figure shows (its title states the finding).
+#: can say in the image's alt text what the figure shows (its title states the finding); and a
+#: widget the notebook closes (a finished ``tqdm(leave=False)``, which JupyterLab then no longer
+#: shows) is marked so in the saved widget state (:data:`CLOSED`), so the page leaves it out too.
 FIGURE_NOTES = "site-figure-notes"
+CLOSED = "site-closed"
 FIGURE_NOTES_CELL = """import matplotlib_inline.backend_inline as _site_bi
 def _site_notes(fig, _fetch=_site_bi._fetch_figure_metadata):
     md = dict(_fetch(fig) or {})
@@ -105,7 +112,13 @@ def _site_notes(fig, _fetch=_site_bi._fetch_figure_metadata):
         "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel()} for ax in fig.axes if ax.get_visible()]}
     return md
 _site_bi._fetch_figure_metadata = _site_notes
-del _site_bi, _site_notes""" % FIGURE_NOTES
+import ipywidgets as _site_w
+def _site_close(self, _close=_site_w.Widget.close):
+    if getattr(self, "comm", None) is not None and hasattr(self, "_dom_classes"):
+        self._dom_classes = (*self._dom_classes, "%s")
+    _close(self)
+_site_w.Widget.close = _site_close
+del _site_bi, _site_notes, _site_w, _site_close""" % (FIGURE_NOTES, CLOSED)
 
 
 def _graded(cell) -> bool:
@@ -214,31 +227,168 @@ def launch_url(rel: Path, cfg: dict | None = None) -> str:
     return f"{cfg['SITE_HUB_URL'].rstrip('/')}/hub/user-redirect/git-pull?{query}"
 
 
-def _widget_outputs(model_id: str, state: dict, seen=None) -> list:
-    """The outputs a widget shows: an Output widget's own, and those of the widgets it holds."""
-    seen = seen if seen is not None else set()
-    if model_id in seen or model_id not in state:
+PREDICTION_MIME = "application/vnd.one-rank.prediction+json"   # helpers.lessons.interact's
+
+#: Widgets a reader would move (the lesson's controls): on a page they become one line saying
+#: the values the page ran with. A button is pressed, not set: it adds nothing to that line.
+CONTROLS = {"IntSliderModel", "FloatSliderModel", "FloatLogSliderModel", "IntRangeSliderModel",
+            "FloatRangeSliderModel", "ToggleButtonsModel", "DropdownModel", "RadioButtonsModel",
+            "SelectModel", "SelectionSliderModel", "CheckboxModel", "ToggleButtonModel", "TextModel",
+            "IntTextModel", "FloatTextModel", "BoundedIntTextModel", "BoundedFloatTextModel"}
+BUTTONS = {"ButtonModel"}
+PROGRESS = {"FloatProgressModel", "IntProgressModel"}
+TEXTS = {"HTMLModel", "LabelModel", "HTMLMathModel"}
+
+
+class StaticWidgetError(RuntimeError):
+    """A widget the page cannot show: its view would leave a hole where the notebook shows something."""
+
+
+def _value(model: dict) -> str:
+    """What a control is set to, as a reader would say it."""
+    st = model.get("state", {})
+    if "index" in st and "_options_labels" in st:
+        labels, index = st["_options_labels"], st["index"]
+        if isinstance(index, (list, tuple)):
+            return ", ".join(str(labels[i]) for i in index)
+        return "(none)" if index is None else str(labels[index])
+    value = st.get("value")
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return " to ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return str(value)
+
+
+def _text(markup: str) -> str:
+    import html as _html
+
+    return " ".join(_html.unescape(re.sub(r"<[^>]*>", " ", markup or "")).split())
+
+
+def _widget_items(model_id: str, state: dict, seen: set) -> list[tuple[str, object]]:
+    """What one widget shows, as ("output", nbformat output), ("setting", "label: value") and
+    ("text", html) items, in the order the widget lays them out. Raises for a kind of widget
+    this page cannot show."""
+    if model_id in seen:
         return []
     seen.add(model_id)
     model = state[model_id]
-    found = list(model.get("state", {}).get("outputs", [])) if model.get("model_name") == "OutputModel" else []
-    for child in model.get("state", {}).get("children", []):
-        if isinstance(child, str) and child.startswith("IPY_MODEL_"):
-            found += _widget_outputs(child.removeprefix("IPY_MODEL_"), state, seen)
-    return found
+    name, st = model.get("model_name", "?"), model.get("state", {})
+    children = [c.removeprefix("IPY_MODEL_") for c in st.get("children", [])
+                if isinstance(c, str) and c.startswith("IPY_MODEL_")]
+    if name == "OutputModel":
+        return [("output", nbformat.from_dict(o)) for o in st.get("outputs", [])]
+    if children and any(state.get(c, {}).get("model_name") in PROGRESS for c in children):
+        # a progress bar (tqdm's: its label, the bar, its counts): its last state as a line
+        bar = next(state[c] for c in children if state.get(c, {}).get("model_name") in PROGRESS)
+        words = [_text(state[c]["state"].get("value", "")) for c in children
+                 if state.get(c, {}).get("model_name") in TEXTS]
+        line = " ".join(w for w in words if w) or \
+            f"{_value(bar)} of {bar.get('state', {}).get('max', '?')}"
+        return [("output", nbformat.v4.new_output("stream", name="stdout", text=line + "\n"))]
+    if "children" in st:
+        items = []
+        for child in children:
+            if child not in state:
+                raise StaticWidgetError(f"a {name} holds a widget missing from the saved state")
+            items += _widget_items(child, state, seen)
+        return items
+    if name in CONTROLS:
+        label = _text(st.get("description", ""))
+        return [("setting", f"{label}: {_value(model)}" if label else _value(model))]
+    if name in BUTTONS:
+        return []
+    if name in TEXTS:
+        return [("text", st.get("value", ""))] if _text(st.get("value", "")) else []
+    raise StaticWidgetError(f"no static form for a {name}")
 
 
-def _static(outputs: list, state: dict) -> list:
-    """Each widget view replaced by what its Output widgets drew (figures, text); controls dropped."""
-    result = []
+SETTINGS = "Widgets set to"
+
+
+def _widget_outputs(model_id: str, state: dict) -> list:
+    """The outputs a widget view becomes on a page: what its Output widgets drew (figures, text),
+    a progress bar's last line, and one line with the values its controls were set to."""
+    result, settings = [], []
+
+    def flush():
+        if settings:
+            html_ = f"<p><em>{SETTINGS}:</em> " + " · ".join(html.escape(t) for t in settings) + "</p>"
+            result.append(nbformat.v4.new_output("display_data", data={
+                "text/html": html_, "text/plain": f"{SETTINGS}: " + " · ".join(settings)}))
+            settings.clear()
+
+    for kind, item in _widget_items(model_id, state, set()):
+        if kind == "setting":
+            settings.append(item)
+            continue
+        flush()
+        if kind == "text":
+            item = nbformat.v4.new_output("display_data", data={"text/html": item, "text/plain": _text(item)})
+        result.append(item)
+    flush()
+    return result
+
+
+def _static(outputs: list, state: dict, where: str = "") -> tuple[list, list[dict]]:
+    """Each widget view replaced by what it shows (:func:`_widget_outputs`), and the predictions
+    (helpers.lessons.interact.predict) taken out: (outputs, predictions).
+
+    A view whose widget the notebook closed (a finished ``tqdm(leave=False)``, marked by the build's
+    first cell) shows nothing in JupyterLab either, and is dropped; any other view that would show
+    nothing, or whose widget is not in the saved state, fails the build."""
+    result, predictions = [], []
     for out in outputs:
         data = out.get("data", {})
         if WIDGET_VIEW not in data:
             result.append(out)
             continue
-        drawn = _widget_outputs(data[WIDGET_VIEW]["model_id"], state)
-        result += [nbformat.from_dict(o) for o in drawn]
-    return result
+        if PREDICTION_MIME in data:
+            predictions.append(data[PREDICTION_MIME])
+            continue
+        model_id = data[WIDGET_VIEW]["model_id"]
+        if model_id not in state:
+            raise StaticWidgetError(f"{where}: a widget view whose state was not saved with the notebook")
+        if CLOSED in state[model_id].get("state", {}).get("_dom_classes", []):
+            continue                     # closed by the notebook: JupyterLab no longer shows it either
+        try:
+            drawn = _widget_outputs(model_id, state)
+        except StaticWidgetError as e:
+            raise StaticWidgetError(f"{where}: {e}") from None
+        if not drawn:
+            raise StaticWidgetError(f"{where}: a widget view ({state[model_id].get('model_name')}) "
+                                    "shows nothing on a static page")
+        result += drawn
+    return result, predictions
+
+
+_MD_SPECIAL = re.compile(r"([\\*_\[\]<>#$|~{}!&])")
+
+
+def _md(text: str) -> str:
+    """``text`` as inline markdown that shows it as it is, `backticked` spans kept as code (as
+    predict() shows them)."""
+    parts = re.split(r"(`[^`]+`)", " ".join(str(text).split()))
+    return "".join(p if len(p) > 1 and p[0] == p[-1] == "`" else _MD_SPECIAL.sub(r"\\\1", p) for p in parts)
+
+
+def prediction_markdown(prediction: dict) -> str:
+    """A prediction as the page shows it: the question, the choices, and the answer with why (and
+    why not each other choice) folded in a <details>, as a lesson's review answers are."""
+    choices = prediction["choices"]
+    right = [c for c in choices if c["right"]]
+    if len(right) != 1 or not prediction.get("question"):
+        raise StaticWidgetError(f"a prediction without one right answer or a question: {prediction}")
+    lines = [f"**Predict first:** {_md(prediction['question'])}", ""]
+    lines += [f"- {_md(c['text'])}" for c in choices]
+    lines += ["", "<details><summary>Answer</summary>", "",
+              f"**Right: {_md(right[0]['text'])}** {_md(right[0]['explanation'])}", "", "The other choices:", ""]
+    lines += [f"- *{_md(c['text'])}* — {_md(c['explanation'])}" for c in choices if not c["right"]]
+    lines += ["</details>"]
+    return "\n".join(lines)
 
 
 IMAGES = ("image/svg+xml", "image/png", "image/jpeg", "image/gif")
@@ -301,15 +451,21 @@ def page(executed: Path, rel: Path, cfg: dict | None = None):
         if "injected-parameters" in tags:
             cells.append(nbformat.v4.new_markdown_cell(QUICK_NOTE))
             continue
-        cell = copy.deepcopy(cell)
+        cell, predictions = copy.deepcopy(cell), []
         if cell.cell_type == "code":
             if _graded(cell):
                 cell.outputs = []        # as the learner gets it: nothing run yet
             else:
-                cell.outputs = [_shown(o) for o in _static(cell.outputs, state)]
+                where = f"{rel}, the cell ending {(cell.source.strip().splitlines() or [''])[-1][:70]!r}"
+                shown, predictions = _static(cell.outputs, state, where)
+                cell.outputs = [_shown(o) for o in shown]
             cell.metadata.pop("papermill", None)
             cell.metadata["tags"] = [t for t in tags if t != "raises-exception"]
         cells.append(cell)
+        for prediction in predictions:   # the question where the widget was, the answer folded
+            md = nbformat.v4.new_markdown_cell(prediction_markdown(prediction))
+            md.metadata["tags"] = ["prediction"]
+            cells.append(md)
     links = (f"[Open this lesson on the course's JupyterHub]({launch_url(rel, cfg)}) · "
              f"{{download}}`Download the notebook <../downloads/{rel.parent.name}/{rel.name}>`")
     first_heading = next((i for i, c in enumerate(cells) if c.cell_type == "markdown"

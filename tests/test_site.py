@@ -1,11 +1,16 @@
-"""The course site's build steps (course_tools/site.py) and the figures' palette.
+"""The course site's build steps (course_tools/site.py).
 
-- an execution is cached on the notebook's and helpers' content: unchanged, it is not run again;
-  a changed helper runs it again (a real papermill run of a small notebook in a temporary course);
-- a page shows what a widget drew as a static figure, not the widget; the learner's answers and
-  tests appear as the learner gets them (no outputs, no solution, no hidden test);
+- an execution is cached on the content of what it may read (the notebook, the files beside it
+  that are not notebooks, helpers/): unchanged, it is not run again; two processes asking for
+  one notebook at once run it once (a real papermill run of a small notebook in a temporary course);
+- a page shows what a widget drew as a static figure, the values its controls were set to, a
+  progress bar's last line, and each prediction as its question, its choices and the answer folded
+  in a <details>; a widget the page cannot show fails the build; the learner's answers and tests
+  appear as the learner gets them (no outputs, no solution, no hidden test);
 - the project lists the pages in the course's order, with the README's depth table as landing page;
-- the palette's four meanings stay apart under simulated protanopia, deuteranopia and tritanopia.
+  each lesson's launch link is built from SITE_HUB_URL, SITE_REPO and SITE_BRANCH
+  (tests/test_launch_link.py opens one on a real Jupyter server with nbgitpuller).
+The figures' palette is checked in tests/test_palette.py.
 """
 
 from __future__ import annotations
@@ -26,7 +31,16 @@ from IPython.display import display
 out = widgets.Output()
 with out:
     plt.plot([0, 1], [1, 0]); plt.title("the line falls"); plt.show()
-display(widgets.VBox([widgets.IntSlider(1), out]))"""
+display(widgets.VBox([widgets.HBox([widgets.IntSlider(3, description="ranks"),
+                                    widgets.ToggleButtons(options=["a", "b"], value="b", description="order"),
+                                    widgets.Button(description="Run")]), out]))"""
+PREDICT_CELL = """from helpers.lessons.interact import predict
+predict("Does `a < b` hold on [sum, count]?", {"yes": "`a` is 1 & `b` is 2.", "no": "It does hold."}, answer="yes")"""
+PROGRESS_CELL = """from tqdm.auto import tqdm
+for _ in tqdm(range(3), desc="trials"):
+    pass
+for _ in tqdm(range(2), desc="gone", leave=False):
+    pass"""
 
 
 def _course(tmp_path: Path) -> Path:
@@ -41,7 +55,8 @@ def _course(tmp_path: Path) -> Path:
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# A page"), params,
         nbformat.v4.new_code_cell("print('quick' if QUICK else 'full')"),
-        nbformat.v4.new_code_cell(WIDGET_CELL), answer])
+        nbformat.v4.new_code_cell(WIDGET_CELL), nbformat.v4.new_code_cell(PREDICT_CELL),
+        nbformat.v4.new_code_cell(PROGRESS_CELL), answer])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "notebooks" / "start" / "00_a.ipynb")
     return root
@@ -80,9 +95,45 @@ def test_execution_is_cached_on_content_and_pages_show_widgets_as_figures(tmp_pa
     widget = code[2]
     kinds = [k for o in widget.outputs for k in o.get("data", {})]
     assert "image/png" in kinds and site.WIDGET_VIEW not in kinds, kinds
-    assert code[3].outputs == []                                   # the learner's answer: not run
+    settings = [o["data"]["text/plain"] for o in widget.outputs if "text/plain" in o.get("data", {})
+                and site.SETTINGS in o["data"]["text/plain"]]
+    assert settings == [f"{site.SETTINGS}: ranks: 3 · order: b"], widget.outputs   # the controls, as set
+    bars = [o["text"] for o in code[4].outputs if o.get("output_type") == "stream"]
+    assert len(bars) == 1 and bars[0].startswith("trials: 100%") and "3/3" in bars[0], code[4].outputs
+    assert code[5].outputs == []                                   # the learner's answer: not run
     text = "\n".join(c.source for c in shown.cells if c.cell_type == "markdown")
     assert "QUICK = True" in text and "git-pull?repo=" in text and "{download}" in text
+
+    # the prediction: its widget gone from the cell, its question, choices and folded answer after it
+    assert code[3].outputs == []
+    after = shown.cells[shown.cells.index(code[3]) + 1]
+    assert after.cell_type == "markdown" and after.metadata["tags"] == ["prediction"]
+    assert after.source.startswith("**Predict first:** Does `a < b` hold on \\[sum, count\\]?")
+    assert "\n- yes\n- no\n" in after.source
+    folded = after.source[after.source.index("<details><summary>Answer</summary>"):]
+    assert "**Right: yes** `a` is 1 \\& `b` is 2." in folded and "*no* — It does hold." in folded
+    assert folded.rstrip().endswith("</details>")
+
+
+UNSHOWABLE = ["import ipywidgets as widgets\nwidgets.Output()",                 # drew nothing
+              "import ipywidgets as widgets\nwidgets.ColorPicker(value='red')"]   # no static form
+
+
+def test_a_widget_the_page_cannot_show_fails_the_build(tmp_path, quick_env):
+    root = _course(tmp_path)
+    path = root / "notebooks/start/00_a.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[2:2] = [nbformat.v4.new_code_cell(c) for c in UNSHOWABLE]
+    nbformat.write(nb, path)
+    executed, _, _ = site.execute(path, root, tmp_path / "cache")
+    rel_path = Path("notebooks/start/00_a.ipynb")
+    with pytest.raises(site.StaticWidgetError, match=r"00_a.ipynb, the cell ending 'widgets.Output\(\)'.*OutputModel.*shows nothing"):
+        site.page(executed, rel_path)
+    run = nbformat.read(executed, as_version=4)
+    run.cells = [c for c in run.cells if "widgets.Output()" not in c.source]
+    nbformat.write(run, executed)
+    with pytest.raises(site.StaticWidgetError, match=r"ending .widgets.ColorPicker.*no static form for a ColorPickerModel"):
+        site.page(executed, rel_path)
 
 
 def test_a_failure_outside_the_graded_cells_fails_the_build(tmp_path, quick_env):
