@@ -365,30 +365,31 @@ def _static(outputs: list, state: dict, where: str = "") -> tuple[list, list[dic
     return result, predictions
 
 
-_MD_SPECIAL = re.compile(r"([\\*_\[\]<>#$|~{}!&])")
+def _inline(text: str) -> str:
+    """``text`` as HTML, `backticked` spans as code (as predict() shows them in JupyterLab).
+    HTML, not markdown: MyST would read a file name (``model.pt``, ``train.py``) as a web address
+    and ``@record`` as a citation."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(" ".join(str(text).split()), quote=False))
 
 
-def _md(text: str) -> str:
-    """``text`` as inline markdown that shows it as it is, `backticked` spans kept as code (as
-    predict() shows them)."""
-    parts = re.split(r"(`[^`]+`)", " ".join(str(text).split()))
-    return "".join(p if len(p) > 1 and p[0] == p[-1] == "`" else _MD_SPECIAL.sub(r"\\\1", p) for p in parts)
-
-
-def prediction_markdown(prediction: dict) -> str:
+def prediction_html(prediction: dict) -> str:
     """A prediction as the page shows it: the question, the choices, and the answer with why (and
-    why not each other choice) folded in a <details>, as a lesson's review answers are."""
+    why not each other choice) folded in a <details>, as a lesson's review answers are. One HTML
+    block (no blank line in it), which MyST passes through as it is."""
     choices = prediction["choices"]
     right = [c for c in choices if c["right"]]
     if len(right) != 1 or not prediction.get("question"):
         raise StaticWidgetError(f"a prediction without one right answer or a question: {prediction}")
-    lines = [f"**Predict first:** {_md(prediction['question'])}", ""]
-    lines += [f"- {_md(c['text'])}" for c in choices]
-    lines += ["", "<details><summary>Answer</summary>", "",
-              f"**Right: {_md(right[0]['text'])}** {_md(right[0]['explanation'])}", "", "The other choices:", ""]
-    lines += [f"- *{_md(c['text'])}* — {_md(c['explanation'])}" for c in choices if not c["right"]]
-    lines += ["</details>"]
-    return "\n".join(lines)
+    items = "".join(f"<li>{_inline(c['text'])}</li>" for c in choices)
+    others = "".join(f"<li><em>{_inline(c['text'])}</em> — {_inline(c['explanation'])}</li>"
+                     for c in choices if not c["right"])
+    return "\n".join([
+        f"<p><strong>Predict first:</strong> {_inline(prediction['question'])}</p>",
+        f"<ul>{items}</ul>",
+        "<details><summary>Answer</summary>",
+        f"<p><strong>Right: {_inline(right[0]['text'])}</strong> {_inline(right[0]['explanation'])}</p>",
+        f"<p>The other choices:</p><ul>{others}</ul>",
+        "</details>"])
 
 
 IMAGES = ("image/svg+xml", "image/png", "image/jpeg", "image/gif")
@@ -463,7 +464,7 @@ def page(executed: Path, rel: Path, cfg: dict | None = None):
             cell.metadata["tags"] = [t for t in tags if t != "raises-exception"]
         cells.append(cell)
         for prediction in predictions:   # the question where the widget was, the answer folded
-            md = nbformat.v4.new_markdown_cell(prediction_markdown(prediction))
+            md = nbformat.v4.new_markdown_cell(prediction_html(prediction))
             md.metadata["tags"] = ["prediction"]
             cells.append(md)
     links = (f"[Open this lesson on the course's JupyterHub]({launch_url(rel, cfg)}) · "

@@ -108,10 +108,11 @@ def test_execution_is_cached_on_content_and_pages_show_widgets_as_figures(tmp_pa
     assert code[3].outputs == []
     after = shown.cells[shown.cells.index(code[3]) + 1]
     assert after.cell_type == "markdown" and after.metadata["tags"] == ["prediction"]
-    assert after.source.startswith("**Predict first:** Does `a < b` hold on \\[sum, count\\]?")
-    assert "\n- yes\n- no\n" in after.source
+    assert after.source.startswith("<p><strong>Predict first:</strong> Does <code>a &lt; b</code> hold on "
+                                   "[sum, count]?</p>\n<ul><li>yes</li><li>no</li></ul>\n"), after.source
     folded = after.source[after.source.index("<details><summary>Answer</summary>"):]
-    assert "**Right: yes** `a` is 1 \\& `b` is 2." in folded and "*no* — It does hold." in folded
+    assert "<strong>Right: yes</strong> <code>a</code> is 1 &amp; <code>b</code> is 2." in folded
+    assert "<li><em>no</em> — It does hold.</li>" in folded and "\n\n" not in after.source   # one HTML block
     assert folded.rstrip().endswith("</details>")
 
 
