@@ -285,17 +285,120 @@ def test_the_landing_page_is_the_depth_table(built):
     assert soup.select_one("table a[href='beginner/01_one_rank_writes.html']")
 
 
+MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+EXERCISES = [p for p in RELEASED if any(site._graded(c) for c in nbformat.read(p, as_version=4).cells)]
+
+
+def _lines(path: Path) -> set[str]:
+    return {l.strip() for c in nbformat.read(path, as_version=4).cells for l in c.source.splitlines() if l.strip()}
+
+
+def _page_lines(soup) -> list[str]:
+    """The page's lines as a reader sees them: each line of its code and outputs (<pre>), and the
+    text of each paragraph, list item, table cell and heading, inline code included."""
+    lines = [l for pre in soup.find_all("pre") for l in pre.get_text().splitlines()]
+    blocks = soup.find_all(["p", "li", "td", "th", "summary", "h1", "h2", "h3", "h4", "h5", "h6"])
+    return lines + [l for b in blocks for l in b.get_text().splitlines()]
+
+
+def _gives_away(inputs: list[str], text: str, released: Path) -> list[str]:
+    """What an exercise page shows that the learner's notebook does not: code cells other than the
+    released notebook's, in its order (its answer cells as the learner gets them, to start from);
+    nbgrader's markers; any line that only the instructor's version (solutions/) has. ``text``:
+    the page's lines (:func:`_page_lines`), one a line."""
+    problems = []
+    want = [c.source.strip() for c in nbformat.read(released, as_version=4).cells if c.cell_type == "code"]
+    got = [i.strip() for i in inputs]
+    if got != want:
+        k = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        problems.append(f"{len(got)} code cells for the notebook's {len(want)}; cell {k} shows "
+                        f"{got[k:k + 1]!r}, the learner gets {want[k:k + 1]!r}")
+    problems += [f"nbgrader's marker {m!r}" for m in MARKERS if m in text]
+    instructor_only = _lines(ROOT / "solutions" / released.relative_to(ROOT / "notebooks")) - _lines(released)
+    leaked = sorted(instructor_only & {l.strip() for l in text.splitlines()})
+    if leaked:
+        problems.append(f"{len(leaked)} lines only the instructor's version has, e.g. {leaked[:3]}")
+    return problems
+
+
+def test_exercises_are_found():
+    assert len(EXERCISES) >= 3 and set(EXERCISES) <= set(WITH_HIDDEN), EXERCISES
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=rel)
+def test_the_exercise_check_catches_the_instructor_version(path):
+    """The check below can fail: the instructor's notebook, shown as a page, is caught by it."""
+    source = nbformat.read(ROOT / "solutions" / path.relative_to(ROOT / "notebooks"), as_version=4)
+    inputs = [c.source for c in source.cells if c.cell_type == "code"]
+    problems = _gives_away(inputs, "\n".join(c.source for c in source.cells), path)
+    kinds = ("code cells for the notebook's", "nbgrader's marker 'BEGIN SOLUTION'",
+             "nbgrader's marker 'BEGIN HIDDEN TESTS'", "lines only the instructor's version has")
+    assert all(any(k in p for p in problems) for k in kinds), problems
+
+
 @BUILD_TIMEOUT
-def test_the_html_gives_away_no_solution_or_hidden_test(built):
+def test_exercise_pages_show_the_starter_cells_and_nothing_only_the_solutions_have(built):
     out = built["out"]
-    for path in WITH_HIDDEN:
+    for path in EXERCISES:
         name = path.relative_to(ROOT / "notebooks").with_suffix(".html")
         soup = _soup(out / name)
-        code = "\n".join(l.strip() for pre in soup.find_all("pre") for l in pre.get_text().splitlines())
-        text = soup.get_text("\n")
-        assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, name
-        leaked = [b for b in _hidden(ROOT / "solutions" / path.relative_to(ROOT / "notebooks")) if b in code]
-        assert not leaked, f"{name} shows solution or hidden-test blocks: {leaked[:2]}"
+        inputs = [pre.get_text() for pre in soup.select("main pre.code.input")]
+        problems = _gives_away(inputs, "\n".join(_page_lines(soup)), path)
+        assert not problems, f"{name}: " + "; ".join(problems)
+
+
+def _predictions(path: Path) -> list[tuple | None]:
+    """The notebook's predict(...) calls in order: (question, choices, answer) where written as
+    literals, None where the question is built (an f-string of the lesson's sizes)."""
+    import ast
+
+    calls = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code" or "predict(" not in cell.source:
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "predict":
+                try:
+                    args = [ast.literal_eval(a) for a in node.args]
+                    kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+                    calls.append((args[0], args[1], kw.get("answer", args[2] if len(args) > 2 else None)))
+                except ValueError:
+                    calls.append(None)
+    return calls
+
+
+def _plain(text: str) -> str:
+    """Text to compare: no backticks, MyST's typographic quotes as typed, spaces collapsed."""
+    text = text.replace("`", "").translate(str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"'}))
+    return " ".join(text.split())
+
+
+@BUILD_TIMEOUT
+def test_each_prediction_shows_its_question_choices_and_folded_answer(built):
+    out, checked = built["out"], 0
+    for rel_nb in site.lessons():
+        name = rel_nb.relative_to("notebooks").with_suffix(".html")
+        soup = _soup(out / name)
+        asked = [p for p in soup.select("main p") if p.get_text().startswith("Predict first:")]
+        calls = _predictions(ROOT / rel_nb)
+        assert len(asked) == len(calls), f"{name}: {len(asked)} predictions shown of {len(calls)}"
+        for question, call in zip(asked, calls):
+            choices, answer = question.find_next_sibling(), question.find_next_sibling().find_next_sibling()
+            assert choices.name == "ul" and answer.name == "details", f"{name}: {question}"[:300]
+            assert not answer.has_attr("open") and answer.summary.get_text(strip=True) == "Answer", name
+            # no link: a file name (model.pt, train.py) in markdown would become http://model.pt
+            assert not [a for b in (question, choices, answer) for a in b.find_all("a")], f"{name}: {question}"
+            if call is None:
+                continue
+            q, options, right = call
+            assert _plain(question.get_text()) == _plain(f"Predict first: {q}"), name
+            assert [_plain(li.get_text()) for li in choices.find_all("li", recursive=False)] == \
+                [_plain(o) for o in options], name
+            folded = _plain(answer.get_text())
+            assert _plain(f"Right: {right} {options[right]}") in folded, (name, folded)
+            assert all(_plain(f"{o} — {why}") in folded for o, why in options.items() if o != right), name
+            checked += 1
+    assert checked >= 50, checked
 
 
 @BUILD_TIMEOUT
