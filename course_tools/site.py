@@ -162,7 +162,9 @@ def _run(notebook: Path, rel: Path, out: Path) -> float:
 
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in out.parent.glob(f"{rel.stem}.*.ipynb"):
-        old.unlink()                     # one entry per notebook: the cache does not grow
+        if old != out:                   # one entry per notebook: the cache does not grow
+            old.unlink()                 # (an older run of this key is replaced at the end, at once:
+                                         # a build that took it from the cache may be reading it)
     nb = nbformat.read(notebook, as_version=4)
     for cell in nb.cells:                # the learner's empty answers fail: run on past them
         if _graded(cell):
@@ -190,7 +192,7 @@ def _run(notebook: Path, rel: Path, out: Path) -> float:
             bad = errors_outside_graded(nbformat.read(partial, as_version=4))
             if bad:
                 raise RuntimeError(f"{rel} fails outside its graded cells: {bad}") from None
-        partial.rename(out)              # only a finished run is cached
+        partial.replace(out)             # only a finished run is cached, in one step
     finally:
         source.unlink(missing_ok=True)
         partial.unlink(missing_ok=True)
