@@ -40,6 +40,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	for ext in formgrader assignment_list course_list validate_assignment; do \
 		$(BIN)/jupyter server extension enable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || exit 1; done
+	$(BIN)/jupyter server extension enable --sys-prefix nbgitpuller >/dev/null 2>&1
 	$(BIN)/jupyter labextension enable --level=sys_prefix @jupyter/nbgrader >/dev/null
 	$(BIN)/jupyter labextension enable --level=sys_prefix @jupyter-widgets/jupyterlab-manager >/dev/null
 	@touch $(STAMP)

@@ -4,14 +4,18 @@ Steps, each one a function the tests reuse:
 
 1. :func:`execute_all` runs every learner notebook (``notebooks/``) with papermill at the CI sizes
    (``QUICK=True``, as ``make course QUICK=1``), from its own folder. An execution is cached in
-   ``build/site-cache/`` under a key made of the notebook's bytes, the bytes of every file of
-   ``helpers/`` and of the files beside the notebook: an unchanged lesson is not run again.
+   ``build/site-cache/`` under a key made of the bytes of what the run may read (:func:`inputs`:
+   the notebook, the files beside it that are not notebooks, every file of ``helpers/``): an
+   unchanged lesson is not run again, and editing one lesson does not run its neighbours.
    In an exercises notebook the learner's answers are empty, so the graded cells are allowed to
    fail and their outputs are dropped: the page shows the exercise as the learner gets it.
 2. :func:`page` turns an executed notebook into the page's notebook: papermill's injected
    parameters cell becomes a note saying the page ran at the smallest sizes, each widget's output
-   is replaced by what it drew (a widget cannot run on a static page), and a first cell links to
-   the lesson on the course's JupyterHub (an nbgitpuller link) and to the notebook's download.
+   is replaced by what it drew (a widget cannot run on a static page: its figures, a progress
+   bar's last line, the values its controls were set to), each prediction by its question, its
+   choices and its answer folded in a ``<details>``, and a first cell links to the lesson on the
+   course's JupyterHub (an nbgitpuller link) and to the notebook's download. A widget the page
+   cannot show fails the build.
 3. :func:`write_project` writes the MyST project (``myst.yml`` with the pages in the course's
    order, the landing page from the README's depth table) and :func:`build_html` runs
    ``myst build --site`` (MyST parses every page into its AST) and ``site/render.mjs``, which
@@ -24,8 +28,10 @@ Where the launch links point is set here, in :data:`HUB`, or by the environment 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
+import html
 import json
 import os
 import re
@@ -74,19 +80,30 @@ def _files(folder: Path) -> list[Path]:
                   and ".ipynb_checkpoints" not in p.parts)
 
 
+def inputs(notebook: Path, root: Path = ROOT) -> list[Path]:
+    """The files an execution of ``notebook`` may read: the notebook, the files beside it that are
+    not notebooks (the scripts a lesson runs, ``ddp_*.py``), and every file of ``helpers/``. The
+    other notebooks of its folder are not among them: editing one lesson runs that lesson again,
+    not its neighbours."""
+    beside = [p for p in _files(notebook.parent) if p.suffix != ".ipynb"]
+    return [notebook, *beside, *_files(root / "helpers")]
+
+
 def cache_key(notebook: Path, root: Path = ROOT) -> str:
-    """What the executed page depends on: the notebook, the files beside it, helpers/, the sizes
-    and the build's first cell."""
+    """What the executed page depends on: :func:`inputs`' bytes, the sizes and the build's first cell."""
     h = hashlib.sha256(f"v{CACHE_VERSION} quick\0{FIGURE_NOTES_CELL}".encode())
-    for path in [notebook, *_files(notebook.parent), *_files(root / "helpers")]:
+    for path in inputs(notebook, root):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:20]
 
 
 #: The first cell of a build run (removed from the page): every figure the inline backend shows
 #: carries, in its output's metadata, the titles and axis labels it was drawn with, so that the page
-#: can say in the image's alt text what the figure shows (its title states the finding).
+#: can say in the image's alt text what the figure shows (its title states the finding); and a
+#: widget the notebook closes (a finished ``tqdm(leave=False)``, which JupyterLab then no longer
+#: shows) is marked so in the saved widget state (:data:`CLOSED`), so the page leaves it out too.
 FIGURE_NOTES = "site-figure-notes"
+CLOSED = "site-closed"
 FIGURE_NOTES_CELL = """import matplotlib_inline.backend_inline as _site_bi
 def _site_notes(fig, _fetch=_site_bi._fetch_figure_metadata):
     md = dict(_fetch(fig) or {})
@@ -95,24 +112,59 @@ def _site_notes(fig, _fetch=_site_bi._fetch_figure_metadata):
         "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel()} for ax in fig.axes if ax.get_visible()]}
     return md
 _site_bi._fetch_figure_metadata = _site_notes
-del _site_bi, _site_notes""" % FIGURE_NOTES
+import ipywidgets as _site_w
+def _site_close(self, _close=_site_w.Widget.close):
+    if getattr(self, "comm", None) is not None and hasattr(self, "_dom_classes"):
+        self._dom_classes = (*self._dom_classes, "%s")
+    _close(self)
+_site_w.Widget.close = _site_close
+del _site_bi, _site_notes, _site_w, _site_close""" % (FIGURE_NOTES, CLOSED)
 
 
 def _graded(cell) -> bool:
     return is_answer_cell(cell) or is_graded_cell(cell)
 
 
-def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE) -> tuple[Path, str, float]:
-    """The executed notebook (from the cache if its key is there), 'cached' or 'ran', seconds."""
-    import papermill as pm
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (a file made for it), held by one process at a time: two
+    builds, or two pytest workers, never run the same notebook at once; the second waits, then
+    finds the first one's run in the cache."""
+    import fcntl
 
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE,
+            fresh_after: float | None = None) -> tuple[Path, str, float]:
+    """The executed notebook (from the cache if its key is there), 'cached' or 'ran', seconds.
+
+    ``fresh_after`` (a ``time.time()``): a cached run older than that is run again (the test
+    suite asks each notebook to have run in its own session, once, whichever test asks first).
+    """
     rel = notebook.relative_to(root)
     out = cache / rel.parent / f"{rel.stem}.{cache_key(notebook, root)}.ipynb"
-    if out.exists():
-        return out, "cached", 0.0
+    with _locked(cache / "locks" / rel.parent / f"{rel.stem}.lock"):
+        if out.exists() and (fresh_after is None or out.stat().st_mtime >= fresh_after):
+            return out, "cached", 0.0
+        return out, "ran", _run(notebook, rel, out)
+
+
+def _run(notebook: Path, rel: Path, out: Path) -> float:
+    """Execute ``notebook`` at the CI sizes into ``out`` (the only entry of the cache for it)."""
+    import papermill as pm
+
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in out.parent.glob(f"{rel.stem}.*.ipynb"):
-        old.unlink()                     # one entry per notebook: the cache does not grow
+        if old != out:                   # one entry per notebook: the cache does not grow
+            old.unlink()                 # (an older run of this key is replaced at the end, at once:
+                                         # a build that took it from the cache may be reading it)
     nb = nbformat.read(notebook, as_version=4)
     for cell in nb.cells:                # the learner's empty answers fail: run on past them
         if _graded(cell):
@@ -123,7 +175,10 @@ def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE) -> tuple[Pat
     source = out.with_suffix(".in.ipynb")
     nbformat.write(nb, source)
     t0 = time.monotonic()
-    env = {"PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::DeprecationWarning")}
+    # the same environment whoever asks (make site, or the test suite with its QUICK_ENV): a
+    # cached run is the same run
+    env = {"PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::DeprecationWarning"),
+           "COURSE_QUICK": "1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     partial = out.with_suffix(".partial.ipynb")
@@ -137,13 +192,13 @@ def execute(notebook: Path, root: Path = ROOT, cache: Path = CACHE) -> tuple[Pat
             bad = errors_outside_graded(nbformat.read(partial, as_version=4))
             if bad:
                 raise RuntimeError(f"{rel} fails outside its graded cells: {bad}") from None
-        partial.rename(out)              # only a finished run is cached
+        partial.replace(out)             # only a finished run is cached, in one step
     finally:
         source.unlink(missing_ok=True)
         partial.unlink(missing_ok=True)
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    return out, "ran", time.monotonic() - t0
+    return time.monotonic() - t0
 
 
 def errors_outside_graded(nb) -> list[str]:
@@ -162,40 +217,181 @@ QUICK_NOTE = ("*On this page the notebook was run with `QUICK = True`: the small
 
 
 def launch_url(rel: Path, cfg: dict | None = None) -> str:
-    """An nbgitpuller link: the hub clones (or updates) the course and opens ``rel`` in JupyterLab."""
+    """An nbgitpuller link: the hub clones (or updates) the course into the learner's folder
+    ``<repository name>`` and opens ``rel`` there in JupyterLab. The folder is named in the link
+    (``targetpath``): nbgitpuller's own default keeps a ``.git`` ending, which the path to open
+    would then miss."""
     cfg = cfg or hub()
     repo = cfg["SITE_REPO"].rstrip("/")
     folder = repo.rsplit("/", 1)[-1].removesuffix(".git")
-    query = urllib.parse.urlencode({"repo": repo, "branch": cfg["SITE_BRANCH"],
+    query = urllib.parse.urlencode({"repo": repo, "branch": cfg["SITE_BRANCH"], "targetpath": folder,
                                     "urlpath": f"lab/tree/{folder}/{rel.as_posix()}"})
     return f"{cfg['SITE_HUB_URL'].rstrip('/')}/hub/user-redirect/git-pull?{query}"
 
 
-def _widget_outputs(model_id: str, state: dict, seen=None) -> list:
-    """The outputs a widget shows: an Output widget's own, and those of the widgets it holds."""
-    seen = seen if seen is not None else set()
-    if model_id in seen or model_id not in state:
+PREDICTION_MIME = "application/vnd.one-rank.prediction+json"   # helpers.lessons.interact's
+
+#: Widgets a reader would move (the lesson's controls): on a page they become one line saying
+#: the values the page ran with. A button is pressed, not set: it adds nothing to that line.
+CONTROLS = {"IntSliderModel", "FloatSliderModel", "FloatLogSliderModel", "IntRangeSliderModel",
+            "FloatRangeSliderModel", "ToggleButtonsModel", "DropdownModel", "RadioButtonsModel",
+            "SelectModel", "SelectionSliderModel", "CheckboxModel", "ToggleButtonModel", "TextModel",
+            "IntTextModel", "FloatTextModel", "BoundedIntTextModel", "BoundedFloatTextModel"}
+BUTTONS = {"ButtonModel"}
+PROGRESS = {"FloatProgressModel", "IntProgressModel"}
+TEXTS = {"HTMLModel", "LabelModel", "HTMLMathModel"}
+
+
+class StaticWidgetError(RuntimeError):
+    """A widget the page cannot show: its view would leave a hole where the notebook shows something."""
+
+
+def _value(model: dict) -> str:
+    """What a control is set to, as a reader would say it."""
+    st = model.get("state", {})
+    if "index" in st and "_options_labels" in st:
+        labels, index = st["_options_labels"], st["index"]
+        if isinstance(index, (list, tuple)):
+            return ", ".join(str(labels[i]) for i in index)
+        return "(none)" if index is None else str(labels[index])
+    value = st.get("value")
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return " to ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return str(value)
+
+
+def _text(markup: str) -> str:
+    import html as _html
+
+    return " ".join(_html.unescape(re.sub(r"<[^>]*>", " ", markup or "")).split())
+
+
+def _widget_items(model_id: str, state: dict, seen: set) -> list[tuple[str, object]]:
+    """What one widget shows, as ("output", nbformat output), ("setting", "label: value") and
+    ("text", html) items, in the order the widget lays them out. Raises for a kind of widget
+    this page cannot show."""
+    if model_id in seen:
         return []
     seen.add(model_id)
     model = state[model_id]
-    found = list(model.get("state", {}).get("outputs", [])) if model.get("model_name") == "OutputModel" else []
-    for child in model.get("state", {}).get("children", []):
-        if isinstance(child, str) and child.startswith("IPY_MODEL_"):
-            found += _widget_outputs(child.removeprefix("IPY_MODEL_"), state, seen)
-    return found
+    name, st = model.get("model_name", "?"), model.get("state", {})
+    children = [c.removeprefix("IPY_MODEL_") for c in st.get("children", [])
+                if isinstance(c, str) and c.startswith("IPY_MODEL_")]
+    if name == "OutputModel":
+        return [("output", nbformat.from_dict(o)) for o in st.get("outputs", [])]
+    if children and any(state.get(c, {}).get("model_name") in PROGRESS for c in children):
+        # a progress bar (tqdm's: its label, the bar, its counts): its last state as a line
+        bar = next(state[c] for c in children if state.get(c, {}).get("model_name") in PROGRESS)
+        words = [_text(state[c]["state"].get("value", "")) for c in children
+                 if state.get(c, {}).get("model_name") in TEXTS]
+        line = " ".join(w for w in words if w) or \
+            f"{_value(bar)} of {bar.get('state', {}).get('max', '?')}"
+        return [("output", nbformat.v4.new_output("stream", name="stdout", text=line + "\n"))]
+    if "children" in st:
+        items = []
+        for child in children:
+            if child not in state:
+                raise StaticWidgetError(f"a {name} holds a widget missing from the saved state")
+            items += _widget_items(child, state, seen)
+        return items
+    if name in CONTROLS:
+        label = _text(st.get("description", ""))
+        return [("setting", f"{label}: {_value(model)}" if label else _value(model))]
+    if name in BUTTONS:
+        return []
+    if name in TEXTS:
+        return [("text", st.get("value", ""))] if _text(st.get("value", "")) else []
+    raise StaticWidgetError(f"no static form for a {name}")
 
 
-def _static(outputs: list, state: dict) -> list:
-    """Each widget view replaced by what its Output widgets drew (figures, text); controls dropped."""
-    result = []
+SETTINGS = "Widgets set to"
+
+
+def _widget_outputs(model_id: str, state: dict) -> list:
+    """The outputs a widget view becomes on a page: what its Output widgets drew (figures, text),
+    a progress bar's last line, and one line with the values its controls were set to."""
+    result, settings = [], []
+
+    def flush():
+        if settings:
+            html_ = f"<p><em>{SETTINGS}:</em> " + " · ".join(html.escape(t) for t in settings) + "</p>"
+            result.append(nbformat.v4.new_output("display_data", data={
+                "text/html": html_, "text/plain": f"{SETTINGS}: " + " · ".join(settings)}))
+            settings.clear()
+
+    for kind, item in _widget_items(model_id, state, set()):
+        if kind == "setting":
+            settings.append(item)
+            continue
+        flush()
+        if kind == "text":
+            item = nbformat.v4.new_output("display_data", data={"text/html": item, "text/plain": _text(item)})
+        result.append(item)
+    flush()
+    return result
+
+
+def _static(outputs: list, state: dict, where: str = "") -> tuple[list, list[dict]]:
+    """Each widget view replaced by what it shows (:func:`_widget_outputs`), and the predictions
+    (helpers.lessons.interact.predict) taken out: (outputs, predictions).
+
+    A view whose widget the notebook closed (a finished ``tqdm(leave=False)``, marked by the build's
+    first cell) shows nothing in JupyterLab either, and is dropped; any other view that would show
+    nothing, or whose widget is not in the saved state, fails the build."""
+    result, predictions = [], []
     for out in outputs:
         data = out.get("data", {})
         if WIDGET_VIEW not in data:
             result.append(out)
             continue
-        drawn = _widget_outputs(data[WIDGET_VIEW]["model_id"], state)
-        result += [nbformat.from_dict(o) for o in drawn]
-    return result
+        if PREDICTION_MIME in data:
+            predictions.append(data[PREDICTION_MIME])
+            continue
+        model_id = data[WIDGET_VIEW]["model_id"]
+        if model_id not in state:
+            raise StaticWidgetError(f"{where}: a widget view whose state was not saved with the notebook")
+        if CLOSED in state[model_id].get("state", {}).get("_dom_classes", []):
+            continue                     # closed by the notebook: JupyterLab no longer shows it either
+        try:
+            drawn = _widget_outputs(model_id, state)
+        except StaticWidgetError as e:
+            raise StaticWidgetError(f"{where}: {e}") from None
+        if not drawn:
+            raise StaticWidgetError(f"{where}: a widget view ({state[model_id].get('model_name')}) "
+                                    "shows nothing on a static page")
+        result += drawn
+    return result, predictions
+
+
+def _inline(text: str) -> str:
+    """``text`` as HTML, `backticked` spans as code (as predict() shows them in JupyterLab).
+    HTML, not markdown: MyST would read a file name (``model.pt``, ``train.py``) as a web address
+    and ``@record`` as a citation."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(" ".join(str(text).split()), quote=False))
+
+
+def prediction_html(prediction: dict) -> str:
+    """A prediction as the page shows it: the question, the choices, and the answer with why (and
+    why not each other choice) folded in a <details>, as a lesson's review answers are. One HTML
+    block (no blank line in it), which MyST passes through as it is."""
+    choices = prediction["choices"]
+    right = [c for c in choices if c["right"]]
+    if len(right) != 1 or not prediction.get("question"):
+        raise StaticWidgetError(f"a prediction without one right answer or a question: {prediction}")
+    items = "".join(f"<li>{_inline(c['text'])}</li>" for c in choices)
+    others = "".join(f"<li><em>{_inline(c['text'])}</em> — {_inline(c['explanation'])}</li>"
+                     for c in choices if not c["right"])
+    return "\n".join([
+        f"<p><strong>Predict first:</strong> {_inline(prediction['question'])}</p>",
+        f"<ul>{items}</ul>",
+        "<details><summary>Answer</summary>",
+        f"<p><strong>Right: {_inline(right[0]['text'])}</strong> {_inline(right[0]['explanation'])}</p>",
+        f"<p>The other choices:</p><ul>{others}</ul>",
+        "</details>"])
 
 
 IMAGES = ("image/svg+xml", "image/png", "image/jpeg", "image/gif")
@@ -258,15 +454,21 @@ def page(executed: Path, rel: Path, cfg: dict | None = None):
         if "injected-parameters" in tags:
             cells.append(nbformat.v4.new_markdown_cell(QUICK_NOTE))
             continue
-        cell = copy.deepcopy(cell)
+        cell, predictions = copy.deepcopy(cell), []
         if cell.cell_type == "code":
             if _graded(cell):
                 cell.outputs = []        # as the learner gets it: nothing run yet
             else:
-                cell.outputs = [_shown(o) for o in _static(cell.outputs, state)]
+                where = f"{rel}, the cell ending {(cell.source.strip().splitlines() or [''])[-1][:70]!r}"
+                shown, predictions = _static(cell.outputs, state, where)
+                cell.outputs = [_shown(o) for o in shown]
             cell.metadata.pop("papermill", None)
             cell.metadata["tags"] = [t for t in tags if t != "raises-exception"]
         cells.append(cell)
+        for prediction in predictions:   # the question where the widget was, the answer folded
+            md = nbformat.v4.new_markdown_cell(prediction_html(prediction))
+            md.metadata["tags"] = ["prediction"]
+            cells.append(md)
     links = (f"[Open this lesson on the course's JupyterHub]({launch_url(rel, cfg)}) · "
              f"{{download}}`Download the notebook <../downloads/{rel.parent.name}/{rel.name}>`")
     first_heading = next((i for i, c in enumerate(cells) if c.cell_type == "markdown"

@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,20 @@ def rel(p: Path) -> str:
 # there besides pytest's own tmp_path folders: each is something that did not clean up after
 # itself, and fails the run. Then the folder is removed, so a run leaves nothing behind.
 _RUN_TMP = "COURSE_TEST_TMPDIR"
+# When the run started (the controller's clock, inherited by its xdist workers): a notebook run
+# cached before then is not taken as this run's (tests/test_notebooks.py, course_tools.site.execute).
+_STARTED = "COURSE_TEST_STARTED"
+
+
+def session_started() -> float:
+    """The ``time.time()`` at which this test run started."""
+    return float(os.environ[_STARTED])
 
 
 def pytest_configure(config):
     if hasattr(config, "workerinput") or os.environ.get(_RUN_TMP):
         return  # an xdist worker: it inherited the controller's folder
+    os.environ[_STARTED] = repr(time.time())
     run_tmp = tempfile.mkdtemp(prefix="course-tests-")
     os.environ[_RUN_TMP] = os.environ["TMPDIR"] = run_tmp
     tempfile.tempdir = None  # forget the cached default
@@ -131,10 +141,13 @@ _SPREAD_MODULES = {"test_notebooks.py", "test_browser.py"}
 
 # The longest units first, so that no long unit starts last while the other workers are idle
 # (collection order is the order units are handed out; xdist's own reorder counts tests, not time).
+# The site's build (test_site.py) comes after the notebook runs: test_notebooks.py runs every
+# lesson and exercise notebook once, spread over the workers, through the site's cached execution
+# step, so the build finds them there (a notebook another worker is still running, it waits for).
 _FIRST = ["grading:developer", "grading:beginner", "grading:researcher", "test_grading_flow.py",
           "test_grading_attacks.py", "test_grading_robustness.py", "test_grading_learner.py", "test_grading_xss.py",
           "test_class_grading.py", "test_class_grading_control.py", "test_bench_class.py", "test_hub.py",
-          "test_site.py", "test_browser.py", "test_notebooks.py"]
+          "test_browser.py", "test_notebooks.py", "test_site.py"]
 
 
 def _unit(nodeid: str) -> str:

@@ -57,3 +57,19 @@ def test_predict_shows_backticked_spans_as_code_and_escapes_the_rest():
     assert "<code>a &lt; b</code>" in box.children[0].value
     box.choices.value = "yes"
     assert "<code>a</code> is 1 &amp; <code>b</code> is 2" in box.feedback.value
+
+
+def test_predict_carries_its_question_choices_and_answer_for_static_pages():
+    """What the course site shows where the widget cannot run (course_tools/site.py)."""
+    from IPython.core.formatters import DisplayFormatter
+
+    from helpers.lessons.interact import PREDICTION_MIME
+
+    box = predict("What does rank 1 read?", {"a whole file": "no: nothing made it wait",
+                                              "a torn or missing file": "yes: it read during the write"},
+                  answer="a torn or missing file")
+    data, _ = DisplayFormatter().format(box)
+    assert "application/vnd.jupyter.widget-view+json" in data      # JupyterLab draws the widget
+    assert data[PREDICTION_MIME] == {"question": "What does rank 1 read?", "choices": [
+        {"text": "a whole file", "explanation": "no: nothing made it wait", "right": False},
+        {"text": "a torn or missing file", "explanation": "yes: it read during the write", "right": True}]}

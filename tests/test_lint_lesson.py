@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import QUICK_ENV, ROOT
-from tests.nbrun import errors, run_papermill
+from tests.conftest import QUICK_ENV, ROOT, session_started
+from tests.nbrun import errors
 
 LESSON = ROOT / "solutions" / "developer" / "02_common_mistakes.ipynb"
+LEARNER = ROOT / "notebooks" / "developer" / "02_common_mistakes.ipynb"
 
 # the function a mistake cell defines -> the code the linter must print above its output
 FLAGGED = {
@@ -23,15 +24,21 @@ CLEAN = ("def rank0_saves(", "def save_with_barrier_outside(", "def one_step_los
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
+def executed():
     """The lesson's one papermill run in the test suite (tests/test_notebooks.py leaves it to this
-    module), with the same settings as every other notebook's: QUICK=True, from its own folder."""
+    module), with the same settings as every other notebook's: QUICK=True, from its own folder.
+    The learner's copy is the same notebook (tests/test_notebooks.py checks it), run through the
+    site's execution step once in this test run, so the site's build takes it from the cache."""
+    import nbformat
+
+    from course_tools import site
+
     with pytest.MonkeyPatch.context() as mp:
         for name, value in QUICK_ENV.items():
             mp.setenv(name, value)
-        nb, seconds = run_papermill(LESSON, tmp_path_factory.mktemp("dev02") / "out.ipynb")
-    print(f"{LESSON.name}: {seconds:.1f} s")
-    return nb
+        path, how, seconds = site.execute(LEARNER, fresh_after=session_started())
+    print(f"{LESSON.name}: {seconds:.1f} s ({how})")
+    return nbformat.read(path, as_version=4)
 
 
 @pytest.mark.notebook

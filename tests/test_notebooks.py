@@ -1,6 +1,8 @@
 """Every notebook of the course, discovered automatically: a new lesson is covered with no edit here.
 
-- instructor versions (solutions/) execute clean under papermill, from their own folder, with QUICK=True;
+- instructor versions (solutions/) execute clean under papermill, from their own folder, with QUICK=True
+  (a lesson, identical in both trees, through the site's cached execution step: one run serves this
+  test and the site's build); the released exercises run with empty answers fail only in graded cells;
 - learner lessons are their instructor version, unchanged; every learner notebook is run in JupyterLab
   by tests/test_browser.py, which also checks that an exercises notebook with empty answers fails only
   in its graded cells, and fails its tests;
@@ -16,7 +18,7 @@ import subprocess
 import nbformat
 import pytest
 
-from tests.conftest import RELEASED, ROOT, SOLUTIONS, rel
+from tests.conftest import RELEASED, ROOT, SOLUTIONS, rel, session_started
 from tests.nbrun import errors, run_papermill
 
 ALL = SOLUTIONS + RELEASED
@@ -39,15 +41,6 @@ def test_notebooks_executed_elsewhere_are_checked_clean_there():
         assert path in SOLUTIONS and path.name in text and "assert not errors(executed)" in text, module
 
 
-@pytest.mark.notebook
-@pytest.mark.parametrize("path", [p for p in SOLUTIONS if p not in EXECUTED_ELSEWHERE], ids=rel)
-def test_solution_notebook_executes_clean(path, tmp_path, quick_env):
-    """The instructor version runs top to bottom under papermill with CI parameters."""
-    nb, seconds = run_papermill(path, tmp_path / path.name)
-    assert not errors(nb)
-    print(f"{rel(path)}: {seconds:.1f} s")
-
-
 def _has_answer_cells(path) -> bool:
     from course_tools import is_answer_cell
 
@@ -58,13 +51,59 @@ WITH_ANSWERS = [p for p in RELEASED if _has_answer_cells(p)]
 LESSONS = [p for p in RELEASED if p not in WITH_ANSWERS]
 
 
+def _cells(path) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source) for c in nbformat.read(path, as_version=4).cells]
+
+
+def _learner_copy(path):
+    return ROOT / "notebooks" / path.relative_to(ROOT / "solutions")
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", [p for p in SOLUTIONS if p not in EXECUTED_ELSEWHERE], ids=rel)
+def test_solution_notebook_executes_clean(path, tmp_path, quick_env):
+    """The instructor version runs top to bottom under papermill with CI parameters.
+
+    A lesson (no answer cells) reaches the learner unchanged (checked here first), so it runs as
+    the learner's copy through the site's execution step (course_tools.site.execute: papermill,
+    QUICK=True, from its own folder), once in this test run whichever test asks first; the site's
+    build (tests/test_site.py) takes that run from its cache instead of running it again."""
+    from course_tools import site
+
+    learner = _learner_copy(path)
+    if learner in LESSONS:
+        assert _cells(learner) == _cells(path), f"{rel(learner)} differs from {rel(path)}: run `make release`"
+        executed, how, seconds = site.execute(learner, fresh_after=session_started())
+        nb = nbformat.read(executed, as_version=4)
+    else:
+        nb, seconds = run_papermill(path, tmp_path / path.name)
+    assert not errors(nb)
+    print(f"{rel(path)}: {seconds:.1f} s")
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", WITH_ANSWERS, ids=rel)
+def test_learner_exercises_fail_only_in_their_graded_cells(path, quick_env):
+    """An exercises notebook as released, its answers empty, run as the site runs it (once in this
+    test run, then in the site's cache): it fails only in the learner's answers and their tests
+    (site.execute raises otherwise), and an empty answer fails its tests."""
+    from course_tools import is_graded_cell, site
+
+    executed, how, seconds = site.execute(path, fresh_after=session_started())
+    nb = nbformat.read(executed, as_version=4)
+    assert not site.errors_outside_graded(nb)
+    failed = [c for c in nb.cells if c.cell_type == "code" and is_graded_cell(c)
+              and any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    assert failed, f"{rel(path)}: no test fails on the empty answers"
+    print(f"{rel(path)}: {seconds:.1f} s ({how})")
+
+
 @pytest.mark.parametrize("path", LESSONS, ids=rel)
 def test_learner_lesson_is_its_solution_notebook(path):
     """A lesson without answer cells reaches the learner unchanged, so executing the instructor
     version (above) and the browser test (every learner notebook in JupyterLab) cover it."""
     source = ROOT / "solutions" / path.relative_to(ROOT / "notebooks")
-    got = [(c.cell_type, c.source) for c in nbformat.read(path, as_version=4).cells]
-    want = [(c.cell_type, c.source) for c in nbformat.read(source, as_version=4).cells]
+    got, want = _cells(path), _cells(source)
     assert got == want, f"{rel(path)} differs from {rel(source)}: run `make release`"
 
 

@@ -1,16 +1,20 @@
-"""The course site's build steps (course_tools/site.py) and the figures' palette.
+"""The course site's build steps (course_tools/site.py).
 
-- an execution is cached on the notebook's and helpers' content: unchanged, it is not run again;
-  a changed helper runs it again (a real papermill run of a small notebook in a temporary course);
-- a page shows what a widget drew as a static figure, not the widget; the learner's answers and
-  tests appear as the learner gets them (no outputs, no solution, no hidden test);
+- an execution is cached on the content of what it may read (the notebook, the files beside it
+  that are not notebooks, helpers/): unchanged, it is not run again; two processes asking for
+  one notebook at once run it once (a real papermill run of a small notebook in a temporary course);
+- a page shows what a widget drew as a static figure, the values its controls were set to, a
+  progress bar's last line, and each prediction as its question, its choices and the answer folded
+  in a <details>; a widget the page cannot show fails the build; the learner's answers and tests
+  appear as the learner gets them (no outputs, no solution, no hidden test);
 - the project lists the pages in the course's order, with the README's depth table as landing page;
-- the palette's four meanings stay apart under simulated protanopia, deuteranopia and tritanopia.
+  each lesson's launch link is built from SITE_HUB_URL, SITE_REPO and SITE_BRANCH
+  (tests/test_launch_link.py opens one on a real Jupyter server with nbgitpuller).
+The figures' palette is checked in tests/test_palette.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 from pathlib import Path
@@ -27,7 +31,16 @@ from IPython.display import display
 out = widgets.Output()
 with out:
     plt.plot([0, 1], [1, 0]); plt.title("the line falls"); plt.show()
-display(widgets.VBox([widgets.IntSlider(1), out]))"""
+display(widgets.VBox([widgets.HBox([widgets.IntSlider(3, description="ranks"),
+                                    widgets.ToggleButtons(options=["a", "b"], value="b", description="order"),
+                                    widgets.Button(description="Run")]), out]))"""
+PREDICT_CELL = """from helpers.lessons.interact import predict
+predict("Does `a < b` hold on [sum, count]?", {"yes": "`a` is 1 & `b` is 2.", "no": "It does hold."}, answer="yes")"""
+PROGRESS_CELL = """from tqdm.auto import tqdm
+for _ in tqdm(range(3), desc="trials"):
+    pass
+for _ in tqdm(range(2), desc="gone", leave=False):
+    pass"""
 
 
 def _course(tmp_path: Path) -> Path:
@@ -42,10 +55,27 @@ def _course(tmp_path: Path) -> Path:
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# A page"), params,
         nbformat.v4.new_code_cell("print('quick' if QUICK else 'full')"),
-        nbformat.v4.new_code_cell(WIDGET_CELL), answer])
+        nbformat.v4.new_code_cell(WIDGET_CELL), nbformat.v4.new_code_cell(PREDICT_CELL),
+        nbformat.v4.new_code_cell(PROGRESS_CELL), answer])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "notebooks" / "start" / "00_a.ipynb")
     return root
+
+
+def test_cache_key_is_the_notebook_the_files_beside_it_and_helpers(tmp_path):
+    root = _course(tmp_path)
+    nb_path = root / "notebooks/start/00_a.ipynb"
+    key = site.cache_key(nb_path, root)
+    other = root / "notebooks/start/01_b.ipynb"                    # another lesson of the folder
+    other.write_bytes(nb_path.read_bytes())
+    assert site.cache_key(nb_path, root) == key, "editing a neighbour lesson must not run this one again"
+    assert other not in site.inputs(nb_path, root)
+    changes = [root / "notebooks/start/ddp_job.py", root / "helpers/tool.py", nb_path]
+    for changed in changes:                                          # each of what it may read: run again
+        changed.write_bytes((changed.read_bytes() if changed.exists() else b"") + b"\n# changed\n")
+        assert changed in site.inputs(nb_path, root)
+        assert site.cache_key(nb_path, root) != key, changed
+        key = site.cache_key(nb_path, root)
 
 
 def test_execution_is_cached_on_content_and_pages_show_widgets_as_figures(tmp_path, quick_env):
@@ -65,9 +95,46 @@ def test_execution_is_cached_on_content_and_pages_show_widgets_as_figures(tmp_pa
     widget = code[2]
     kinds = [k for o in widget.outputs for k in o.get("data", {})]
     assert "image/png" in kinds and site.WIDGET_VIEW not in kinds, kinds
-    assert code[3].outputs == []                                   # the learner's answer: not run
+    settings = [o["data"]["text/plain"] for o in widget.outputs if "text/plain" in o.get("data", {})
+                and site.SETTINGS in o["data"]["text/plain"]]
+    assert settings == [f"{site.SETTINGS}: ranks: 3 · order: b"], widget.outputs   # the controls, as set
+    bars = [o["text"] for o in code[4].outputs if o.get("output_type") == "stream"]
+    assert len(bars) == 1 and bars[0].startswith("trials: 100%") and "3/3" in bars[0], code[4].outputs
+    assert code[5].outputs == []                                   # the learner's answer: not run
     text = "\n".join(c.source for c in shown.cells if c.cell_type == "markdown")
     assert "QUICK = True" in text and "git-pull?repo=" in text and "{download}" in text
+
+    # the prediction: its widget gone from the cell, its question, choices and folded answer after it
+    assert code[3].outputs == []
+    after = shown.cells[shown.cells.index(code[3]) + 1]
+    assert after.cell_type == "markdown" and after.metadata["tags"] == ["prediction"]
+    assert after.source.startswith("<p><strong>Predict first:</strong> Does <code>a &lt; b</code> hold on "
+                                   "[sum, count]?</p>\n<ul><li>yes</li><li>no</li></ul>\n"), after.source
+    folded = after.source[after.source.index("<details><summary>Answer</summary>"):]
+    assert "<strong>Right: yes</strong> <code>a</code> is 1 &amp; <code>b</code> is 2." in folded
+    assert "<li><em>no</em> — It does hold.</li>" in folded and "\n\n" not in after.source   # one HTML block
+    assert folded.rstrip().endswith("</details>")
+
+
+UNSHOWABLE = ["import ipywidgets as widgets\nwidgets.Output()",                 # drew nothing
+              "import ipywidgets as widgets\nwidgets.ColorPicker(value='red')"]   # no static form
+
+
+def test_a_widget_the_page_cannot_show_fails_the_build(tmp_path, quick_env):
+    root = _course(tmp_path)
+    path = root / "notebooks/start/00_a.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[2:2] = [nbformat.v4.new_code_cell(c) for c in UNSHOWABLE]
+    nbformat.write(nb, path)
+    executed, _, _ = site.execute(path, root, tmp_path / "cache")
+    rel_path = Path("notebooks/start/00_a.ipynb")
+    with pytest.raises(site.StaticWidgetError, match=r"00_a.ipynb, the cell ending 'widgets.Output\(\)'.*OutputModel.*shows nothing"):
+        site.page(executed, rel_path)
+    run = nbformat.read(executed, as_version=4)
+    run.cells = [c for c in run.cells if "widgets.Output()" not in c.source]
+    nbformat.write(run, executed)
+    with pytest.raises(site.StaticWidgetError, match=r"ending .widgets.ColorPicker.*no static form for a ColorPickerModel"):
+        site.page(executed, rel_path)
 
 
 def test_a_failure_outside_the_graded_cells_fails_the_build(tmp_path, quick_env):
@@ -79,6 +146,28 @@ def test_a_failure_outside_the_graded_cells_fails_the_build(tmp_path, quick_env)
     with pytest.raises(RuntimeError, match="fails outside its graded cells.*ZeroDivisionError"):
         site.execute(path, root, tmp_path / "cache")
     assert not list((tmp_path / "cache").rglob("*.ipynb"))        # nothing half-run is cached
+
+
+def test_two_processes_run_one_notebook_once(tmp_path, quick_env):
+    """As two pytest workers (or a build and a test) would: one runs it, the other waits for the
+    lock and takes that run from the cache. A run older than `fresh_after` is run again."""
+    import subprocess
+    import sys
+    import time
+
+    root = _course(tmp_path)
+    code = ("import sys; from pathlib import Path; from course_tools import site; "
+            "r = Path(sys.argv[1]); print(site.execute(r / 'notebooks/start/00_a.ipynb', r, Path(sys.argv[2]))[1])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path / "cache")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert sorted(out.strip() for out, _ in results) == ["cached", "ran"], results
+    nb_path = root / "notebooks/start/00_a.ipynb"
+    executed, how, _ = site.execute(nb_path, root, tmp_path / "cache", fresh_after=time.time() - 3600)
+    assert how == "cached"
+    started = time.time()
+    again, how, _ = site.execute(nb_path, root, tmp_path / "cache", fresh_after=started)
+    assert how == "ran" and again == executed and again.stat().st_mtime >= started
 
 
 def _hidden(source: Path) -> list[str]:
@@ -116,55 +205,6 @@ def test_project_is_in_the_course_order_with_the_depth_table(tmp_path):
     assert "(beginner/01_one_rank_writes.ipynb)" in index
     for r in site.lessons():                                       # the downloads are the clean notebooks
         assert (project / "downloads" / r.parent.name / r.name).read_bytes() == (ROOT / r).read_bytes()
-
-
-# ----------------------------------------------------------------------------- colour vision
-# Machado, Oliveira & Fernandes (2009), severity 1.0, applied to linear RGB.
-CVD = {"protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216],
-                      [-0.003882, -0.048116, 1.051998]],
-       "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
-                        [-0.011820, 0.042940, 0.968881]],
-       "tritanopia": [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602],
-                      [0.004733, 0.691367, 0.303900]]}
-#: CIE76 distance above which two flat colours are told apart at a glance (about 2.3 is just
-#: noticeable; 10 is a clear difference).
-MIN_DELTA_E = 10
-
-
-def _lab(hex_colour: str, matrix=None):
-    import numpy as np
-
-    c = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
-    c = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
-    if matrix is not None:
-        c = np.clip(np.array(matrix) @ c, 0, 1)
-    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ c
-    f = xyz / np.array([0.95047, 1.0, 1.08883])
-    f = np.where(f > 0.008856, np.cbrt(f), 7.787 * f + 16 / 116)
-    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
-
-
-@pytest.mark.parametrize("vision", list(CVD))
-def test_palette_meanings_stay_apart_with_colour_vision_deficiencies(vision):
-    import numpy as np
-
-    from helpers.lessons.figures import PALETTE
-
-    meanings = ("ok", "missing", "torn", "truth")
-    lab = {k: _lab(PALETTE[k], CVD[vision]) for k in meanings}
-    close = [(a, b, round(float(np.linalg.norm(lab[a] - lab[b])), 1))
-             for a, b in itertools.combinations(meanings, 2)
-             if np.linalg.norm(lab[a] - lab[b]) < MIN_DELTA_E]
-    assert not close, f"with {vision}, these colours of the palette look alike (CIE76 distance): {close}"
-
-
-def test_the_simulation_tells_confusable_colours_apart():
-    """The check above can fail: pure red and green, fine in normal vision, merge with deuteranopia."""
-    import numpy as np
-
-    normal = np.linalg.norm(_lab("#d62728") - _lab("#2ca02c"))
-    deutan = np.linalg.norm(_lab("#ff0000", CVD["deuteranopia"]) - _lab("#9c7a00", CVD["deuteranopia"]))
-    assert normal > 50 and deutan < MIN_DELTA_E, (normal, deutan)
 
 
 # ----------------------------------------------------------------------------- the built site
@@ -245,17 +285,120 @@ def test_the_landing_page_is_the_depth_table(built):
     assert soup.select_one("table a[href='beginner/01_one_rank_writes.html']")
 
 
+MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+EXERCISES = [p for p in RELEASED if any(site._graded(c) for c in nbformat.read(p, as_version=4).cells)]
+
+
+def _lines(path: Path) -> set[str]:
+    return {l.strip() for c in nbformat.read(path, as_version=4).cells for l in c.source.splitlines() if l.strip()}
+
+
+def _page_lines(soup) -> list[str]:
+    """The page's lines as a reader sees them: each line of its code and outputs (<pre>), and the
+    text of each paragraph, list item, table cell and heading, inline code included."""
+    lines = [l for pre in soup.find_all("pre") for l in pre.get_text().splitlines()]
+    blocks = soup.find_all(["p", "li", "td", "th", "summary", "h1", "h2", "h3", "h4", "h5", "h6"])
+    return lines + [l for b in blocks for l in b.get_text().splitlines()]
+
+
+def _gives_away(inputs: list[str], text: str, released: Path) -> list[str]:
+    """What an exercise page shows that the learner's notebook does not: code cells other than the
+    released notebook's, in its order (its answer cells as the learner gets them, to start from);
+    nbgrader's markers; any line that only the instructor's version (solutions/) has. ``text``:
+    the page's lines (:func:`_page_lines`), one a line."""
+    problems = []
+    want = [c.source.strip() for c in nbformat.read(released, as_version=4).cells if c.cell_type == "code"]
+    got = [i.strip() for i in inputs]
+    if got != want:
+        k = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        problems.append(f"{len(got)} code cells for the notebook's {len(want)}; cell {k} shows "
+                        f"{got[k:k + 1]!r}, the learner gets {want[k:k + 1]!r}")
+    problems += [f"nbgrader's marker {m!r}" for m in MARKERS if m in text]
+    instructor_only = _lines(ROOT / "solutions" / released.relative_to(ROOT / "notebooks")) - _lines(released)
+    leaked = sorted(instructor_only & {l.strip() for l in text.splitlines()})
+    if leaked:
+        problems.append(f"{len(leaked)} lines only the instructor's version has, e.g. {leaked[:3]}")
+    return problems
+
+
+def test_exercises_are_found():
+    assert len(EXERCISES) >= 3 and set(EXERCISES) <= set(WITH_HIDDEN), EXERCISES
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=rel)
+def test_the_exercise_check_catches_the_instructor_version(path):
+    """The check below can fail: the instructor's notebook, shown as a page, is caught by it."""
+    source = nbformat.read(ROOT / "solutions" / path.relative_to(ROOT / "notebooks"), as_version=4)
+    inputs = [c.source for c in source.cells if c.cell_type == "code"]
+    problems = _gives_away(inputs, "\n".join(c.source for c in source.cells), path)
+    kinds = ("code cells for the notebook's", "nbgrader's marker 'BEGIN SOLUTION'",
+             "nbgrader's marker 'BEGIN HIDDEN TESTS'", "lines only the instructor's version has")
+    assert all(any(k in p for p in problems) for k in kinds), problems
+
+
 @BUILD_TIMEOUT
-def test_the_html_gives_away_no_solution_or_hidden_test(built):
+def test_exercise_pages_show_the_starter_cells_and_nothing_only_the_solutions_have(built):
     out = built["out"]
-    for path in WITH_HIDDEN:
+    for path in EXERCISES:
         name = path.relative_to(ROOT / "notebooks").with_suffix(".html")
         soup = _soup(out / name)
-        code = "\n".join(l.strip() for pre in soup.find_all("pre") for l in pre.get_text().splitlines())
-        text = soup.get_text("\n")
-        assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, name
-        leaked = [b for b in _hidden(ROOT / "solutions" / path.relative_to(ROOT / "notebooks")) if b in code]
-        assert not leaked, f"{name} shows solution or hidden-test blocks: {leaked[:2]}"
+        inputs = [pre.get_text() for pre in soup.select("main pre.code.input")]
+        problems = _gives_away(inputs, "\n".join(_page_lines(soup)), path)
+        assert not problems, f"{name}: " + "; ".join(problems)
+
+
+def _predictions(path: Path) -> list[tuple | None]:
+    """The notebook's predict(...) calls in order: (question, choices, answer) where written as
+    literals, None where the question is built (an f-string of the lesson's sizes)."""
+    import ast
+
+    calls = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code" or "predict(" not in cell.source:
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "predict":
+                try:
+                    args = [ast.literal_eval(a) for a in node.args]
+                    kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+                    calls.append((args[0], args[1], kw.get("answer", args[2] if len(args) > 2 else None)))
+                except ValueError:
+                    calls.append(None)
+    return calls
+
+
+def _plain(text: str) -> str:
+    """Text to compare: no backticks, MyST's typographic quotes as typed, spaces collapsed."""
+    text = text.replace("`", "").translate(str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"'}))
+    return " ".join(text.split())
+
+
+@BUILD_TIMEOUT
+def test_each_prediction_shows_its_question_choices_and_folded_answer(built):
+    out, checked = built["out"], 0
+    for rel_nb in site.lessons():
+        name = rel_nb.relative_to("notebooks").with_suffix(".html")
+        soup = _soup(out / name)
+        asked = [p for p in soup.select("main p") if p.get_text().startswith("Predict first:")]
+        calls = _predictions(ROOT / rel_nb)
+        assert len(asked) == len(calls), f"{name}: {len(asked)} predictions shown of {len(calls)}"
+        for question, call in zip(asked, calls):
+            choices, answer = question.find_next_sibling(), question.find_next_sibling().find_next_sibling()
+            assert choices.name == "ul" and answer.name == "details", f"{name}: {question}"[:300]
+            assert not answer.has_attr("open") and answer.summary.get_text(strip=True) == "Answer", name
+            # no link: a file name (model.pt, train.py) in markdown would become http://model.pt
+            assert not [a for b in (question, choices, answer) for a in b.find_all("a")], f"{name}: {question}"
+            if call is None:
+                continue
+            q, options, right = call
+            assert _plain(question.get_text()) == _plain(f"Predict first: {q}"), name
+            assert [_plain(li.get_text()) for li in choices.find_all("li", recursive=False)] == \
+                [_plain(o) for o in options], name
+            folded = _plain(answer.get_text())
+            assert _plain(f"Right: {right} {options[right]}") in folded, (name, folded)
+            assert all(_plain(f"{o} — {why}") in folded for o, why in options.items() if o != right), name
+            checked += 1
+    assert checked >= 50, checked
 
 
 @BUILD_TIMEOUT

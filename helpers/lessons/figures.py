@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from helpers.spawn import HangError
 
-__all__ = ["PALETTE", "OUTCOME_COLORS", "worker_colour", "plot_hang", "hang_title", "how_far",
+__all__ = ["PALETTE", "OUTCOME_COLORS", "WORKERS", "worker_colour", "text_colour",
+           "contrast", "plot_hang", "hang_title", "how_far",
            "plot_read_outcomes", "plot_report", "plot_worker_losses", "plot_exam", "plot_timeline",
            "plot_reads", "plot_failure_rates", "plot_logged_loss", "plot_stop_decisions", "plot_resume",
            "plot_waste", "plot_gap_vs_samples", "plot_dashboard", "plot_logging_cost",
@@ -39,6 +40,12 @@ PALETTE = {"ok": "#4c956c", "missing": "#edae49", "torn": "#d1495b", "truth": "#
 _OK, _MISSING, _TORN, _TRUTH = PALETTE["ok"], PALETTE["missing"], PALETTE["torn"], PALETTE["truth"]
 #: colours of the three outcomes of :func:`helpers.lessons.races.try_load`
 OUTCOME_COLORS = {k: PALETTE[k] for k in ("ok", "missing", "torn")}
+#: One colour per worker (rank, clerk, section, run), told apart with the common colour-vision
+#: deficiencies: Okabe & Ito's qualitative palette, in an order that puts the strong colours first,
+#: with its vermillion (which looks like ``torn`` under tritanopia) replaced by Paul Tol's dark
+#: yellow. tests/test_palette.py draws every figure and checks that each pair of colours drawn
+#: together stays apart under simulated protanopia, deuteranopia and tritanopia.
+WORKERS = ["#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#997700", "#000000", "#f0e442"]
 
 
 def _axes(ax, size):
@@ -95,10 +102,27 @@ def plot_hang(err: HangError, ax=None, title: str | None = None):
     return ax
 
 
-def worker_colour(rank: int):
-    import matplotlib
+def worker_colour(rank: int) -> str:
+    """Worker ``rank``'s colour (:data:`WORKERS`; past eight ranks the colours repeat)."""
+    return WORKERS[rank % len(WORKERS)]
 
-    return matplotlib.colormaps["tab10"](rank % 10)
+
+def _luminance(colour) -> float:
+    from matplotlib.colors import to_rgb
+
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(colour)]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast(a, b) -> float:
+    """WCAG 2.1's contrast ratio of two colours (1 to 21; text needs 4.5, large text 3)."""
+    la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def text_colour(background) -> str:
+    """Black or white, whichever reads better on ``background`` (always 4.5:1 or more)."""
+    return "black" if contrast("black", background) >= contrast("white", background) else "white"
 
 
 def how_far(value: float, truth: float) -> str:
@@ -125,7 +149,7 @@ def plot_read_outcomes(without_wait: list[str], with_wait: list[str], ax=None):
             n = sum(1 for o in outcomes if o == kind)
             ax.barh(y, n, left=left, color=colour, height=0.55, label=label if y == 0 else None)
             if n:
-                ax.text(left + n / 2, y, str(n), ha="center", va="center", color="white",
+                ax.text(left + n / 2, y, str(n), ha="center", va="center", color=text_colour(colour),
                         fontweight="bold")
             left += n
     ax.set_yticks(range(len(rows)), [r[0] for r in rows])
@@ -147,7 +171,8 @@ def plot_report(writers: list[int], world_size: int, ax=None):
     ax = _axes(ax, (8, 2.2))
     for i, clerk in enumerate(writers):
         ax.bar(i + 1, 1, width=0.92, color=worker_colour(clerk))
-        ax.text(i + 1, 0.5, str(clerk), ha="center", va="center", color="white", fontsize=8)
+        ax.text(i + 1, 0.5, str(clerk), ha="center", va="center", color=text_colour(worker_colour(clerk)),
+                fontsize=8)
     switches = sum(1 for a, b in zip(writers, writers[1:]) if a != b)
     ax.set_xlim(0.4, len(writers) + 0.6)
     ax.set_xticks(range(1, len(writers) + 1, max(1, len(writers) // 20)))
@@ -304,15 +329,15 @@ def plot_stop_decisions(curves: list[list[float]], global_curve: list[float], th
     rank stopped, and where each rank's own loss first fell below the threshold."""
     ax = _axes(ax, (8.5, 3.5))
     for r, curve in enumerate(curves):
-        ax.plot(range(len(curve)), curve, "o-", color=f"C{r}", label=f"rank {r}'s own loss", alpha=0.8)
+        ax.plot(range(len(curve)), curve, "o-", color=worker_colour(r), label=f"rank {r}'s own loss", alpha=0.8)
         below = [i for i, v in enumerate(curve) if v < threshold]
         if below:
-            ax.plot(below[0], curve[below[0]], "*", color=f"C{r}", markersize=15,
+            ax.plot(below[0], curve[below[0]], "*", color=worker_colour(r), markersize=15,
                     label=f"rank {r} alone would stop here")
-    ax.plot(range(len(global_curve)), global_curve, "s-", color="black",
+    ax.plot(range(len(global_curve)), global_curve, "s-", color=_TRUTH,
             label="loss over all samples (all_reduce)", linewidth=2)
     ax.axhline(threshold, color=_TORN, linestyle="--", label=f"threshold {threshold}")
-    ax.axvline(stop, color="grey", linestyle=":", linewidth=1.5)
+    ax.axvline(stop, color=_TRUTH, linestyle=":", linewidth=1.5)      # decided on the loss over all samples
     ax.text(stop, ax.get_ylim()[1], "every rank stops ", va="top", ha="right", fontsize=9)
     ax.set_xticks(range(len(global_curve)))
     ax.set_xlabel("training step")
@@ -416,8 +441,7 @@ def plot_announcements(announced: list, truth: float, title: str, ax=None):
     top = max([truth] + [v for v in announced if v is not None]) * 1.3
     for clerk, value in enumerate(announced):
         if value is None:
-            ax.text(clerk, top * 0.04, "silent", ha="center", va="bottom", color=PALETTE["neutral"],
-                    fontsize=9, style="italic")
+            ax.text(clerk, top * 0.04, "silent", ha="center", va="bottom", fontsize=9, style="italic")
             continue
         ax.bar(clerk, value, width=0.6, color=worker_colour(clerk))
         ax.text(clerk, value + top * 0.015, f"{value:.2f}", ha="center", va="bottom", fontsize=9)

@@ -20,7 +20,13 @@ import shutil
 import tempfile
 from typing import Mapping
 
-__all__ = ["quick", "scratch_dir", "confirm", "predict"]
+__all__ = ["quick", "scratch_dir", "confirm", "predict", "PREDICTION_MIME"]
+
+#: The mime type of a prediction's static form, shown beside its widget in the cell's output
+#: (``{"question": ..., "choices": [{"text": ..., "explanation": ..., "right": bool}]}``):
+#: JupyterLab draws the widget and ignores it; a page that cannot run widgets (the course site,
+#: course_tools/site.py) shows the question, the choices and, folded, the answer from it.
+PREDICTION_MIME = "application/vnd.one-rank.prediction+json"
 
 #: Set by the course's own runners (the grader sets ``NBGRADER_EXECUTION`` itself).
 _UNATTENDED = ("COURSE_QUICK", "NBGRADER_EXECUTION")
@@ -61,7 +67,8 @@ def predict(question: str, choices: Mapping[str, str], answer: str):
     right, or why it is not); ``answer`` is the right choice's text. `Backticked` spans of the
     question and the explanations are shown as code. Nothing is picked at first, so the notebook
     runs unattended. Returns the widget (a ``VBox``); its ``.choices`` is the
-    ``RadioButtons`` and its ``.feedback`` the ``HTML`` that answers.
+    ``RadioButtons`` and its ``.feedback`` the ``HTML`` that answers. Its output also carries
+    the question, choices and answer as :data:`PREDICTION_MIME`, for pages that show it statically.
     """
     import ipywidgets as widgets
 
@@ -87,4 +94,16 @@ def predict(question: str, choices: Mapping[str, str], answer: str):
     box = widgets.VBox([widgets.HTML(f"<b>Predict first:</b> {_inline_code(question)}"), radio, feedback])
     box.add_class("course-prediction")
     box.choices, box.feedback = radio, feedback
+    static = {"question": question,
+              "choices": [{"text": text, "explanation": why, "right": text == answer}
+                          for text, why in choices.items()]}
+    widget_bundle = box._repr_mimebundle_
+
+    def bundle(**kwargs):
+        data = widget_bundle(**kwargs)
+        if data is not None:
+            data[PREDICTION_MIME] = static
+        return data
+
+    box._repr_mimebundle_ = bundle
     return box
