@@ -40,6 +40,25 @@ def test_make_course_reports_a_failing_notebook_and_exits_1(tmp_path):
     assert "0 ok, 1 failed" in proc.stdout
 
 
+def test_make_course_flags_notebooks_over_the_budget_and_counts_them():
+    """The table's rows and last lines, from times given here (no notebook is run): a notebook over the
+    budget is flagged, the count names it, and one within it (or exactly at it) is not."""
+    from course_tools.run_notebooks import BUDGET, row_line, summary_lines
+
+    assert BUDGET == 60
+    rows = [("solutions/a.ipynb", 12.5, "ok"), ("solutions/b.ipynb", 60.0, "ok"),
+            ("notebooks/c.ipynb", 71.3, "ok"), ("notebooks/d.ipynb", 90.0, "error in cell 4: ValueError")]
+    lines = [row_line(*row) for row in rows]
+    assert lines[0].split() == ["solutions/a.ipynb", "12.5", "s", "ok"]
+    assert "OVER BUDGET" not in lines[0] + lines[1]
+    assert lines[2].endswith("ok  OVER BUDGET (> 60 s)") and lines[3].endswith("ValueError  OVER BUDGET (> 60 s)")
+    total, over = summary_lines(rows)
+    assert total.split()[1:] == ["233.8", "s", "3", "ok,", "1", "failed"]
+    assert over == "2 of 4 notebooks over the 60 s budget: notebooks/c.ipynb, notebooks/d.ipynb"
+    assert summary_lines(rows[:2])[1] == "0 of 2 notebooks over the 60 s budget"
+    assert "OVER BUDGET" in row_line("x.ipynb", 31, "ok", budget=30)
+
+
 def test_make_course_refuses_a_filter_that_matches_nothing(tmp_path):
     proc = _course("--only", "no-such-notebook", tmp_path=tmp_path)
     assert proc.returncode == 2 and "no notebook matches" in proc.stderr

@@ -3,8 +3,11 @@
 - every code cell fits on a screen: at most 12 lines (lesson cells and exercise test cells alike);
 - no sentence about the computer the course was written on, its CI, or a document learners do not
   have (the course's source lesson), and no CI plumbing in sight;
-- every lesson (a notebook without graded cells) asks before it shows: a prediction in each numbered
-  section that runs ranks (an environment check or a text-only section needs none), and ends with 3 to 5 review questions whose answers are collapsed;
+- every lesson (a notebook without graded cells) asks before it shows: in each numbered section, and in each
+  part of one under its own heading, the first cell that runs ranks comes after a `predict(...)` (an environment
+  check or a text-only section needs none); and it ends with 3 to 5 review questions whose answers are collapsed;
+- no sentence says that a collective only some ranks reach simply hangs or waits until the timeout: it can
+  also pair with the others' next collective (wrong data, no error) or fail when they exit;
 - the settings cell holds plain settings; the run sizes come from ``helpers.lessons.interact.quick``;
 - a lesson's code reads plainly: no `if QUICK:` override, no statements joined with `;`, no
   subscript chained four deep (`timings[0][0][1][1]`), no cell that is only `confirm(...)` calls.
@@ -22,7 +25,7 @@ import nbformat
 import pytest
 
 from course_tools import has_graded_cells
-from tests.conftest import RELEASED, rel
+from tests.conftest import RELEASED, ROOT, rel
 
 MAX_LINES = 12
 
@@ -91,30 +94,172 @@ def test_settings_are_plain_and_sizes_come_from_quick(path):
         f"{rel(path)}: the setup cell should say QUICK = quick(QUICK)"
 
 
-def _sections(cells) -> list[tuple[str, list]]:
-    """Numbered sections ("## 1. ...") with their cells, up to the review."""
-    sections, current = [], None
-    for cell in cells:
-        head = re.search(r"^## (\d+\.\s.*)$", cell.source, re.M) if cell.cell_type == "markdown" else None
-        if cell.cell_type == "markdown" and re.search(r"^## (Review|Summary|Appendix)", cell.source, re.M):
-            current = None
-        if head:
-            current = (head.group(1), [])
-            sections.append(current)
+HEADING = re.compile(r"^(#{2,3}) (.+?)\s*$", re.M)
+
+
+def _parts(cells) -> list[tuple[str, list[tuple[int, object]]]]:
+    """The numbered sections ("## 1. ...") up to the review, each cut into parts at its other headings
+    ("### ..."): (title, [(index, cell), ...]) per part, a section's first part titled by the section.
+
+    Every heading of a markdown cell counts, in order (one cell may close a section and open the next); the
+    cell itself goes with the part its last heading opens. "## Review", "## Summary" and "## Appendix" end
+    the numbered sections.
+    """
+    parts, section, current = [], None, None
+    for i, cell in enumerate(cells):
+        for level, title in (HEADING.findall(cell.source) if cell.cell_type == "markdown" else []):
+            if level == "##" and re.match(r"\d+\.\s", title):
+                section = title
+                current = (section, [])
+                parts.append(current)
+            elif level == "##" and re.match(r"(Review|Summary|Appendix)\b", title):
+                section = current = None
+            elif section is not None:
+                current = (f"{section} / {title}", [])
+                parts.append(current)
         if current is not None:
-            current[1].append(cell)
-    return sections
+            current[1].append((i, cell))
+    return parts
+
+
+def _sections(cells) -> list[tuple[str, list]]:
+    """Numbered sections ("## 1. ...") with their cells, up to the review; every heading of a cell counts."""
+    sections = {}
+    for title, cells_of_part in _parts(cells):
+        sections.setdefault(title.split(" / ")[0], []).extend(cell for _, cell in cells_of_part)
+    return list(sections.items())
+
+
+# What runs ranks: the pool (`run`), the lessons' helpers around it (`logs.run_and_capture`,
+# `torchrun`), a command line that launches `torch.distributed.run`, and any function a notebook
+# defines that calls one of these (found in cell order). `subprocess.run` is not the pool.
+RANK_RUNNERS = {"run", "run_and_capture", "torchrun"}
+
+
+def _calls(node) -> set[str]:
+    names = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+            names.add(n.func.id)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr != "run":
+            names.add(n.func.attr)
+        elif isinstance(n, ast.Constant) and n.value == "torch.distributed.run":
+            names.add("torchrun")
+    return names
+
+
+def _parse(source: str) -> ast.Module:
+    """A code cell's source as Python, IPython magics and shell lines blanked."""
+    return ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()))
+
+
+def _cells_that_run_ranks(cells) -> set[int]:
+    """Indices of the code cells whose own statements (not a function they only define) run ranks."""
+    runners, found = set(RANK_RUNNERS), set()
+    for i, cell in enumerate(cells):
+        if cell.cell_type != "code":
+            continue
+        for stmt in _parse(cell.source).body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if _calls(stmt) & runners:
+                    runners.add(stmt.name)
+            elif _calls(stmt) & runners:
+                found.add(i)
+    return found
+
+
+def _asks(cell) -> bool:
+    return cell.cell_type == "code" and "predict" in _calls(_parse(cell.source))
+
+
+def _demos_without_prediction(cells) -> list[str]:
+    """Each part of a numbered section that runs ranks must ask before its first cell that does."""
+    running = _cells_that_run_ranks(cells)
+    late = []
+    for title, part in _parts(cells):
+        demos = [i for i, _ in part if i in running]
+        if demos and not any(_asks(cell) for i, cell in part if i < demos[0]):
+            late.append(f"{title} (cell {demos[0]})")
+    return late
+
+
+def test_prediction_rules_read_every_heading_and_every_runner():
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    cells = [md("## 1. One\n\ntext"), code("predict('q', {'a': '', 'b': ''}, answer='a')"), code("run(f)"),
+             md("end of 1\n\n## 2. Two\n\ntext\n\n## 3. Three"), code("import subprocess\nsubprocess.run(['ls'])"),
+             code("def show(n):\n    return run(f, world_size=n)"), code("button.on_click(show)"),
+             md("### A part"), code("predict('q', {'a': '', 'b': ''}, answer='a')"), code("grid = show(4)"),
+             md("### Another"), code("cmd = ['python', '-m', 'torch.distributed.run', 'x.py']\nsubprocess.run(cmd)"),
+             md("## Summary\n\n## Review"), code("run(f)")]
+    assert [title for title, _ in _sections(cells)] == ["1. One", "2. Two", "3. Three"]
+    assert _cells_that_run_ranks(cells) == {2, 9, 11, 13}
+    assert _demos_without_prediction(cells) == ["3. Three / Another (cell 11)"]
+    cells[8:10] = [code("grid = show(4)"), code("predict('q', {'a': '', 'b': ''}, answer='a')")]  # asked too late
+    assert _demos_without_prediction(cells) == ["3. Three / A part (cell 8)", "3. Three / Another (cell 11)"]
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=rel)
 def test_every_section_asks_for_a_prediction(path):
-    sections = _sections(_cells(path))
-    assert sections, f"{rel(path)}: no numbered sections (## 1. ...)"
-    demos = [(title, cells) for title, cells in sections  # a section that runs ranks shows something
-             if any(c.cell_type == "code" and re.search(r"\brun\(", c.source) for c in cells)]
-    silent = [title for title, cells in demos
-              if not any(c.cell_type == "code" and "predict(" in c.source for c in cells)]
-    assert not silent, f"{rel(path)}: sections without a prediction: {silent}"
+    """Every demo that runs ranks comes after a prediction: in each numbered section, and in each part of
+    one under its own heading, the first cell that runs ranks has a `predict(...)` cell before it."""
+    cells = _cells(path)
+    assert _sections(cells), f"{rel(path)}: no numbered sections (## 1. ...)"
+    late = _demos_without_prediction(cells)
+    assert not late, f"{rel(path)}: ranks run before any prediction in: {late}"
+
+
+# A collective that only some ranks reach does not always hang: collectives pair by order, so it can
+# pair with the others' next collective and return wrong data, or fail when they exit. A sentence that
+# says a skipped collective hangs (or waits until the timeout) must say more, in the same sentence or,
+# for "that is the lucky case", the next one.
+SKIPPED = re.compile(r"only rank 0|rank 0 (?:alone|only)|on rank 0 only|from rank 0 alone|`if rank == 0:`|"
+                     r"only some ranks|not every rank|some rank never|never (?:reach|call|come|join)|"
+                     r"\bskip(?:s|ped)?\b|only worker 0|only clerk 0|ranks? (?:disagree|split)|job splits", re.I)
+HANGS = re.compile(r"\bhang(?:s|ing)?\b(?! (?:limit|report))|\bhung\b|\bforever\b|"
+                   r"until the (?:collective |process group's )?timeout", re.I)
+QUALIFIED = re.compile(r"\bpair|\bwrong\b|garbage|lucky|at best|\bcrash|\bexits?\b|Connection closed|"
+                       r"\bthe pool\b|returned|\bor fail", re.I)
+
+
+def _sentences(markdown: str) -> list[str]:
+    """Sentences of a markdown text; a table row, a list item or a heading is one at least."""
+    found = []
+    for block in re.split(r"\n\s*\n|\n(?=\s*[|#-] )|\n(?=\s*\d+\. )", markdown):
+        for row in re.split(r"\n(?=\s*\|)", block):
+            found += re.split(r"(?<=[.!?])(?<!\d\.)\s+(?=[A-Z`(\"*<])", re.sub(r"\s+", " ", row).strip())
+    return [s for s in found if s]
+
+
+def _hangs_unqualified(markdown: str) -> list[str]:
+    said = _sentences(markdown)
+    return [s for k, s in enumerate(said) if SKIPPED.search(s) and HANGS.search(s) and not QUALIFIED.search(s)
+            and not (k + 1 < len(said) and "lucky" in said[k + 1])]
+
+
+def test_the_hang_rule_catches_what_it_says():
+    assert _hangs_unqualified("Inside `if rank == 0:` rank 0 waits for ranks that never call it, and the job hangs.")
+    assert _hangs_unqualified("| 4 | `compute()` is a collective: calling it on rank 0 only hangs |")
+    assert _hangs_unqualified("A barrier that some rank never reaches waits, silently, until the collective timeout.")
+    assert not _hangs_unqualified("A rank that skips it leaves the others waiting: until the timeout if it carries on, "
+                                  'or until they fail with "Connection closed by peer" if it exits.')
+    assert not _hangs_unqualified("If only worker 0 calls it, the job hangs until it fails. That is the lucky case: "
+                                  "the calls can also pair up.")
+    assert not _hangs_unqualified("The pool catches the hang after `HANG_TIMEOUT` seconds. A rank that skipped it waits.")
+    assert _sentences("| a | b |\n| c | d |\n\n## 2. Two\n\nOne. Two.") == ["| a | b |", "| c | d |", "## 2. Two",
+                                                                             "One.", "Two."]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=rel)
+def test_a_skipped_collective_is_not_said_to_always_hang(path):
+    found = [f"cell {i}: {s}" for i, cell in enumerate(_cells(path)) if cell.cell_type == "markdown"
+             for s in _hangs_unqualified(cell.source)]
+    assert not found, (f"{rel(path)}: a collective only some ranks reach can also pair with the others' next one "
+                       "(wrong data, no error) or fail when they exit; say so:\n  " + "\n  ".join(found))
+
+
+def test_readme_does_not_say_a_skipped_collective_always_hangs():
+    opening = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+    assert not _hangs_unqualified(opening), _hangs_unqualified(opening)
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=rel)

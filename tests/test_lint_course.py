@@ -39,6 +39,7 @@ DEMOS = {
     "developer/02_common_mistakes.ipynb": {
         ("ORK102", "slow_save(ckpt, path, pause=0.1)    # = torch.save(ckpt, path), stretched: no `if rank == 0:`"),
         ("ORK101", "dist.barrier()                  # only rank 0 ever reaches this line"),
+        ("ORK101", "dist.barrier()                   # only rank 0 ever reaches this line"),   # others_carry_on
         ("ORK105", "if (history[-1][1] if use_global else loss) < threshold:   # the decision"),
         ("ORK103", "return str(try_load(path))          # every rank reads: no barrier before it"),
         ("ORK104", 'print(f"step 1: loss {loss.item():.4f}")   # what the dashboard shows'),
