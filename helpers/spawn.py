@@ -83,8 +83,9 @@ def run(fn: Callable, *args, world_size: int = 2, timeout: float = 60, echo: boo
     start_timeout: seconds the ranks get to start and join the group; past it,
         :class:`JoinTimeout` ("rank 2 did not join within 60 s").
     echo: print each rank's output into the cell as it happens, as ``[rank r] ...``.
-    detail_debug: run with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (collective mismatches are
-        reported at once instead of hanging).
+    detail_debug: run with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: collectives that differ in
+        kind or size between ranks are reported at once, instead of waiting, aborting or
+        returning wrong data; two calls of the same kind and size still pair silently.
     threads: intra-op threads per rank (1 keeps N ranks from fighting over a few cores).
     init_process_group: set False when ``fn`` calls ``dist.init_process_group("gloo")``
         itself, as a torchrun script does; the environment is set up as torchrun's, and
