@@ -61,20 +61,15 @@ def chromium_path() -> str:
     return path
 
 
-def chromium_session(home: Path):
-    """``yield from chromium_session(home)`` in a fixture: Playwright started, headless Chromium
-    launched (:func:`launch_chromium`), both closed afterwards whatever happens."""
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()
+def chromium_session(home: Path, playwright):
+    """``yield from chromium_session(home, playwright)`` in a fixture: headless Chromium launched
+    (:func:`launch_chromium`) from the test process's one Playwright (the ``playwright`` fixture
+    of tests/conftest.py), closed afterwards whatever happens."""
+    browser = launch_chromium(playwright, home)
     try:
-        browser = launch_chromium(pw, home)
-        try:
-            yield browser
-        finally:
-            browser.close()
+        yield browser
     finally:
-        pw.stop()
+        browser.close()
 
 
 def launch_chromium(playwright, home: Path):

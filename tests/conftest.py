@@ -89,6 +89,18 @@ def _no_rank_left_behind():
     assert left == [], f"rank processes left behind: {left}"
 
 
+@pytest.fixture(scope="session")
+def playwright():
+    """The test process's one Playwright, shared by every browser test (each launches its own
+    Chromium from it). Its sync API refuses to start a second one in a thread while the first
+    lives, and the browser test keeps its Chromium for the whole session."""
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    yield pw
+    pw.stop()
+
+
 @pytest.fixture
 def sigint_raises():
     """SIGINT raises KeyboardInterrupt in this process, as in a kernel running a cell, whatever

@@ -82,8 +82,8 @@ def lab(course):
 
 
 @pytest.fixture(scope="session")
-def browser(tmp_path_factory):
-    yield from chromium_session(tmp_path_factory.mktemp("chromium-home"))
+def browser(tmp_path_factory, playwright):
+    yield from chromium_session(tmp_path_factory.mktemp("chromium-home"), playwright)
 
 
 @pytest.fixture

@@ -200,15 +200,13 @@ def graded(tmp_path_factory):
         recorder.server_close()
 
 
-def test_no_learner_payload_runs_in_feedback_or_formgrader(graded, tmp_path_factory):
-    from playwright.sync_api import sync_playwright
-
+def test_no_learner_payload_runs_in_feedback_or_formgrader(graded, tmp_path_factory, playwright):
     course, tmp, recorder = graded["course"], graded["tmp"], graded["recorder"]
     feedback = course / "feedback" / STUDENT / DEPTH / f"{NAME}.html"
     before = grades(course)
     reports, policies = {}, {}
-    with LabServer(course, tmp / "state", exchange=tmp / "exchange") as lab, sync_playwright() as pw:
-        browser = launch_chromium(pw, tmp / "chromium-home")
+    with LabServer(course, tmp / "state", exchange=tmp / "exchange") as lab:
+        browser = launch_chromium(playwright, tmp / "chromium-home")
         try:
             page = browser.new_context().new_page()
             page.goto(f"{lab.url}/formgrader?token={lab.token}", wait_until="networkidle")

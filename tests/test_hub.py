@@ -241,8 +241,8 @@ def hub(hub_env, people, private_checkout):
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    yield from chromium_session(tmp_path_factory.mktemp("hub-chromium"))
+def browser(tmp_path_factory, playwright):
+    yield from chromium_session(tmp_path_factory.mktemp("hub-chromium"), playwright)
 
 
 # ---------------------------------------------------------------------- the page

@@ -80,10 +80,10 @@ def _course_repository(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def chromium(tmp_path_factory):
+def chromium(tmp_path_factory, playwright):
     from tests.browser_support import chromium_session
 
-    yield from chromium_session(tmp_path_factory.mktemp("chromium-home"))
+    yield from chromium_session(tmp_path_factory.mktemp("chromium-home"), playwright)
 
 
 @pytest.mark.browser

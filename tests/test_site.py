@@ -471,10 +471,10 @@ def test_headings_are_in_order(built):
 # ----------------------------------------------------------------------------- in Chromium
 
 @pytest.fixture(scope="module")
-def chromium(tmp_path_factory):
+def chromium(tmp_path_factory, playwright):
     from tests.browser_support import chromium_session
 
-    yield from chromium_session(tmp_path_factory.mktemp("chromium-home"))
+    yield from chromium_session(tmp_path_factory.mktemp("chromium-home"), playwright)
 
 
 @pytest.fixture(scope="module")
