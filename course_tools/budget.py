@@ -235,7 +235,7 @@ class Group:
 
     def remove(self, timeout: float = 10.0) -> bool:
         """Kill every process in the group, then remove its folders. ``False`` if some stayed.
-        The group's CPU time is read last, once no process is left in it (:attr:`cpu_used`)."""
+        The group's CPU time is read last, just before its folders went (:attr:`cpu_used`)."""
         folders = sorted({d for _, d in self._all().values()})
         kill_file = [os.path.join(d, "cgroup.kill") for d in folders if os.path.exists(os.path.join(d, "cgroup.kill"))]
         deadline = time.monotonic() + timeout
@@ -251,10 +251,11 @@ class Group:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            if not pids:  # every process gone: what the group used is final
-                used = self.cpu_seconds()
-                if used is not None:
-                    self.cpu_used = used
+            # read before each removal try: the folders go as soon as the last process leaves,
+            # which may be right after this read (a killed process uses no more CPU time)
+            used = self.cpu_seconds()
+            if used is not None:
+                self.cpu_used = used
             left = []
             for d in folders:
                 try:
