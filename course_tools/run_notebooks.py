@@ -29,11 +29,13 @@ def notebooks(trees=("solutions", "notebooks")) -> list[Path]:
 def execute(path: Path, out: Path, quick: bool, timeout: float) -> tuple[str, float]:
     import papermill as pm
 
+    from course_tools import kernels
+
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
-        pm.execute_notebook(str(path), str(out), parameters={"QUICK": quick}, cwd=str(path.parent),
-                            kernel_name="python3", execution_timeout=timeout, progress_bar=False)
+        kernels.execute_notebook(str(path), str(out), parameters={"QUICK": quick}, cwd=str(path.parent),
+                                 kernel_name="python3", execution_timeout=timeout, progress_bar=False)
         status = "ok"
     except pm.PapermillExecutionError as e:
         status = f"error in cell {e.exec_count}: {e.ename}"

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_tools import ROOT, is_answer_cell, is_graded_cell
+from course_tools import ROOT, is_answer_cell, is_graded_cell, kernels
 
 #: The course's JupyterHub and repository, for the launch links (nbgitpuller). Each can be set
 #: by the environment variable of the same name (e.g. SITE_HUB_URL=https://hub.example.edu).
@@ -184,9 +184,9 @@ def _run(notebook: Path, rel: Path, out: Path) -> float:
     partial = out.with_suffix(".partial.ipynb")
     try:
         try:
-            pm.execute_notebook(str(source), str(partial), parameters={"QUICK": True},
-                                cwd=str(notebook.parent), kernel_name="python3",
-                                execution_timeout=CELL_TIMEOUT, progress_bar=False, log_output=False)
+            kernels.execute_notebook(str(source), str(partial), parameters={"QUICK": True},
+                                     cwd=str(notebook.parent), kernel_name="python3",
+                                     execution_timeout=CELL_TIMEOUT, progress_bar=False, log_output=False)
         except pm.PapermillExecutionError:
             # papermill raises for any error output, also in the graded cells it ran past
             bad = errors_outside_graded(nbformat.read(partial, as_version=4))

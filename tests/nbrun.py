@@ -11,12 +11,12 @@ CELL_TIMEOUT = 300
 
 
 def run_papermill(path: Path, out: Path, **parameters) -> tuple[nbformat.NotebookNode, float]:
-    import papermill as pm
+    from course_tools import kernels
 
     t0 = time.monotonic()
-    pm.execute_notebook(str(path), str(out), parameters={"QUICK": True, **parameters},
-                        cwd=str(path.parent), kernel_name="python3",
-                        execution_timeout=CELL_TIMEOUT, progress_bar=False, log_output=False)
+    kernels.execute_notebook(str(path), str(out), parameters={"QUICK": True, **parameters},
+                             cwd=str(path.parent), kernel_name="python3",
+                             execution_timeout=CELL_TIMEOUT, progress_bar=False, log_output=False)
     return nbformat.read(out, as_version=4), time.monotonic() - t0
 
 
