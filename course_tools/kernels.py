@@ -48,24 +48,25 @@ class AckWatchingClient(AsyncKernelClient):
         self._unacked.pop(msg.get("parent_header", {}).get("msg_id"), None)
         return msg
 
-    @property
-    def iopub_channel(self):
-        channel = super().iopub_channel
+    @staticmethod
+    def _watched(channel, wrap):
+        """``channel`` with its ``get_msg`` replaced by ``wrap(get_msg)``, once."""
         if not getattr(channel, "_course_watched", False):
-            get = channel.get_msg
-
-            async def get_msg(timeout=None):
-                return self._heard(await get(timeout=timeout))
-
-            channel.get_msg, channel._course_watched = get_msg, True
+            channel.get_msg, channel._course_watched = wrap(channel.get_msg), True
         return channel
 
     @property
-    def shell_channel(self):
-        channel = super().shell_channel
-        if not getattr(channel, "_course_watched", False):
-            get = channel.get_msg
+    def iopub_channel(self):
+        def wrap(get):
+            async def get_msg(timeout=None):
+                return self._heard(await get(timeout=timeout))
+            return get_msg
 
+        return self._watched(super().iopub_channel, wrap)
+
+    @property
+    def shell_channel(self):
+        def wrap(get):
             async def get_msg(timeout=None):
                 end = None if timeout is None else time.monotonic() + timeout
                 while True:
@@ -88,9 +89,9 @@ class AckWatchingClient(AsyncKernelClient):
                             raise KernelIgnoredRequest(
                                 f"the kernel never took up request {late[0]} "
                                 f"(no word about it in {ACK_TIMEOUT:.0f} s)") from None
+            return get_msg
 
-            channel.get_msg, channel._course_watched = get_msg, True
-        return channel
+        return self._watched(super().shell_channel, wrap)
 
 
 class WatchedKernelManager(AsyncKernelManager):
